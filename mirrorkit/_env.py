@@ -1,0 +1,158 @@
+"""The only module that reads ``os.environ``.
+
+Everything mirrorkit takes from the environment passes through here, so the
+data flow stays one way: CLI flags -> config -> environment -> library. The
+launcher writes ``TF_CONFIG`` and ``MIRRORKIT_*`` into a child's environment;
+the child reads them back through these functions.
+
+Example:
+    >>> from mirrorkit import _env
+    >>> _env.simulate_cpus() is None or _env.simulate_cpus() >= 1
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterator, Mapping
+
+# Names of the variables mirrorkit reads or writes, in one place.
+TF_CONFIG = "TF_CONFIG"
+SIMULATE_CPUS = "MIRRORKIT_SIMULATE_CPUS"
+STRATEGY = "MIRRORKIT_STRATEGY"
+RESTART_COUNT = "MIRRORKIT_RESTART_COUNT"
+SCALE_BATCH = "MIRRORKIT_SCALE_BATCH"
+COLLECTIVE_TIMEOUT = "MIRRORKIT_COLLECTIVE_TIMEOUT"
+
+
+def get(name: str, default: str | None = None) -> str | None:
+    """Return environment variable ``name`` or ``default``.
+
+    Example:
+        >>> get("MIRRORKIT_SURELY_UNSET", "x")
+        'x'
+    """
+    return os.environ.get(name, default)
+
+
+def snapshot() -> dict[str, str]:
+    """Return a copy of the whole environment (for building a child's env).
+
+    Example:
+        >>> isinstance(snapshot(), dict)
+        True
+    """
+    return dict(os.environ)
+
+
+def tf_config_text() -> str | None:
+    """Return the raw ``TF_CONFIG`` text, or None when it is unset or blank."""
+    text = os.environ.get(TF_CONFIG)
+    if text is None or not text.strip():
+        return None
+    return text
+
+
+def _positive_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(
+            f"{name} must be a positive integer. Received: {name}={raw!r}"
+        )
+    return value
+
+
+def simulate_cpus() -> int | None:
+    """Return ``MIRRORKIT_SIMULATE_CPUS`` as an int, or None when unset.
+
+    Raises:
+        ValueError: if it is set to something other than a positive integer.
+    """
+    return _positive_int(SIMULATE_CPUS)
+
+
+def strategy_kind() -> str | None:
+    """Return ``MIRRORKIT_STRATEGY`` (a strategy kind name) or None."""
+    value = os.environ.get(STRATEGY)
+    return value.strip() if value and value.strip() else None
+
+
+def restart_count() -> int:
+    """Return ``MIRRORKIT_RESTART_COUNT`` set by ``mirrorkit launch`` (0 if unset)."""
+    raw = os.environ.get(RESTART_COUNT, "0")
+    try:
+        return max(int(raw), 0)
+    except ValueError:
+        return 0
+
+
+def scale_batch() -> bool:
+    """Return True when ``MIRRORKIT_SCALE_BATCH`` asks for per-replica batches."""
+    return os.environ.get(SCALE_BATCH, "").strip().lower() in {"1", "true", "yes"}
+
+
+def collective_timeout() -> float | None:
+    """Return ``MIRRORKIT_COLLECTIVE_TIMEOUT`` in seconds, or None when unset."""
+    raw = os.environ.get(COLLECTIVE_TIMEOUT)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if value <= 0:
+        raise ValueError(
+            f"{COLLECTIVE_TIMEOUT} must be a positive number of seconds. "
+            f"Received: {COLLECTIVE_TIMEOUT}={raw!r}"
+        )
+    return value
+
+
+def slurm() -> dict[str, str]:
+    """Return every ``SLURM_*`` variable (empty outside a Slurm step)."""
+    return {k: v for k, v in os.environ.items() if k.startswith("SLURM_")}
+
+
+def cuda_visible_devices() -> str | None:
+    """Return ``CUDA_VISIBLE_DEVICES`` as set, or None."""
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def quiet_tensorflow() -> None:
+    """Lower TensorFlow's C++ start-up chatter unless the user chose a level.
+
+    Called before TensorFlow is first imported, so the CLI's output is ours.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+@contextlib.contextmanager
+def patch(values: Mapping[str, str | None]) -> Iterator[None]:
+    """Temporarily set (or, with None, remove) variables; restore on exit.
+
+    Example:
+        >>> with patch({"MIRRORKIT_SIMULATE_CPUS": "2"}):
+        ...     simulate_cpus()
+        2
+    """
+    saved = {k: os.environ.get(k) for k in values}
+    try:
+        for key, value in values.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

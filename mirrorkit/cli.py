@@ -1,0 +1,61 @@
+"""The ``mirrorkit`` command line: a click group that loads each command lazily.
+
+Each command lives in ``mirrorkit/commands/<name>.py`` and is imported only
+when it runs or when its help is shown, so ``mirrorkit --help`` never imports
+TensorFlow. Every option has an environment twin (``MIRRORKIT_<COMMAND>_<OPTION>``)
+through click's ``auto_envvar_prefix``.
+
+Example:
+    $ mirrorkit info --simulate-cpus 2
+    $ mirrorkit train --epochs 3
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import click
+
+from mirrorkit import __version__
+
+# name -> "module:attribute"; order is the order shown in --help.
+_COMMANDS = {
+    "info": "mirrorkit.commands.info:info",
+}
+
+
+class _LazyGroup(click.Group):
+    """A group whose commands are imported on first use (keeps start-up fast)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(_COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        target = _COMMANDS.get(name)
+        if target is None:
+            return None
+        module, _, attr = target.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="mirrorkit")
+def cli() -> None:
+    """Train Keras vision models on every local device or several machines.
+
+    \b
+    Examples:
+      mirrorkit info --simulate-cpus 2
+      mirrorkit train --epochs 3
+      mirrorkit run --simulate-cpus 2 my_keras_script.py --epochs 1
+    """
+
+
+def main(argv: list[str] | None = None) -> Any:
+    """Entry point of the ``mirrorkit`` console script.
+
+    Example:
+        >>> main(["--help"])                             # doctest: +SKIP
+    """
+    return cli.main(args=argv, prog_name="mirrorkit", auto_envvar_prefix="MIRRORKIT")

@@ -1,0 +1,1 @@
+"""One module per ``mirrorkit`` command; each imports TensorFlow only inside its body."""

@@ -1,0 +1,44 @@
+"""``mirrorkit info``: what this machine has and which strategy would be used."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from mirrorkit.commands._common import simulate_cpus_option, strategy_option, user_errors
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@simulate_cpus_option
+@strategy_option
+def info(as_json: bool, simulate_cpus: int | None, strategy: str | None) -> None:
+    """Report versions, devices and the strategy mirrorkit would choose, and why.
+
+    Under a multi-worker TF_CONFIG the cluster is described without joining it.
+
+    \b
+    Examples:
+      mirrorkit info
+      mirrorkit info --simulate-cpus 4 --json
+      TF_CONFIG='{"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 1}}' mirrorkit info
+    """
+    from mirrorkit import _env
+    from mirrorkit.report import environment_report
+
+    with user_errors():
+        _env.quiet_tensorflow()
+        data = environment_report(strategy=strategy, simulate_cpus=simulate_cpus)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    width = max(len(k) for k in data)
+    for key, value in data.items():
+        if key == "warnings":
+            continue
+        if isinstance(value, list):
+            value = ", ".join(str(v) for v in value) or "-"
+        click.echo(f"{key:<{width}}  {value}")
+    for warning in data["warnings"]:
+        click.echo(f"warning: {warning}")

@@ -1,0 +1,116 @@
+"""Known upstream TensorFlow/Keras problems, and whether the installed versions have them.
+
+This is a registry used by ``mirrorkit info`` to warn, and by
+:mod:`mirrorkit.compat` to decide which fixes to apply.
+
+Example:
+    >>> issues = affecting({"keras": "3.15.1", "tensorflow": "2.21.0"})
+    >>> "keras#20585" in [i.ref for i in issues]
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+
+
+@dataclasses.dataclass(frozen=True)
+class KnownIssue:
+    """One upstream problem.
+
+    Attributes:
+        ref: short upstream reference, e.g. ``"keras#20585"``.
+        package: the package whose versions are affected.
+        first: first affected version (inclusive).
+        fixed: first fixed version, or None while unfixed upstream.
+        summary: what breaks, in one sentence.
+        handling: what mirrorkit does about it.
+    """
+
+    ref: str
+    package: str
+    first: str
+    fixed: str | None
+    summary: str
+    handling: str
+
+    def affects(self, version: str | None) -> bool:
+        """True when ``version`` of :attr:`package` has the problem."""
+        if version is None:
+            return False
+        v = parse_version(version)
+        if v < parse_version(self.first):
+            return False
+        return self.fixed is None or v < parse_version(self.fixed)
+
+
+KNOWN_ISSUES: tuple[KnownIssue, ...] = (
+    KnownIssue(
+        "keras#20585", "keras", "3.0", None,
+        "model.fit under MultiWorkerMirroredStrategy fails: the symbolic build "
+        "reduces a PerReplica batch, and scalar logs are reduced on axis 0.",
+        "mirrorkit.compat fixes both when a multi-worker strategy is created.",
+    ),
+    KnownIssue(
+        "keras-chief-saving", "keras", "3.0", None,
+        "BackupAndRestore/ModelCheckpoint have no chief logic: workers sharing "
+        "a path collide on HDF5 locks.",
+        "use mirrorkit.callbacks' chief-aware BackupAndRestore/ModelCheckpoint.",
+    ),
+    KnownIssue(
+        "keras#19246", "keras", "3.0", None,
+        "steps_per_execution > 1 in fit fails under MirroredStrategy with 2+ replicas.",
+        "mirrorkit rejects it under a multi-replica strategy with this reason.",
+    ),
+    KnownIssue(
+        "keras#20582", "keras", "3.0", None,
+        "optimizer gradient_accumulation_steps fails under any tf.distribute strategy.",
+        "mirrorkit rejects it under a strategy with this reason.",
+    ),
+)
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """Turn ``"3.15.1"`` (or ``"2.21.0rc1"``) into a comparable tuple.
+
+    Example:
+        >>> parse_version("2.21.0rc1") < parse_version("2.21.1")
+        True
+    """
+    parts: list[int] = []
+    for piece in text.split(".")[:3]:
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
+        parts.append(int(digits or 0))
+    while len(parts) < 3:
+        parts.append(0)
+    return tuple(parts)
+
+
+def installed_version(package: str) -> str | None:
+    """Version of an installed distribution, without importing it.
+
+    Example:
+        >>> installed_version("surely-not-installed-pkg") is None
+        True
+    """
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def affecting(versions: dict[str, str | None] | None = None) -> list[KnownIssue]:
+    """Known issues that affect ``versions`` (default: what is installed).
+
+    Example:
+        >>> affecting({"keras": "2.15.0"})
+        []
+    """
+    if versions is None:
+        versions = {i.package: installed_version(i.package) for i in KNOWN_ISSUES}
+    return [i for i in KNOWN_ISSUES if i.affects(versions.get(i.package))]
