@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any
 
 import click
@@ -22,18 +23,29 @@ from mirrorkit import __version__
 # name -> "module:attribute"; order is the order shown in --help.
 _COMMANDS = {
     "info": "mirrorkit.commands.info:info",
+    "train": "mirrorkit.commands.train:train",
+    "run": "mirrorkit.commands.run:run",
+    "launch": "mirrorkit.commands.launch:launch",
+    "tf-config": "mirrorkit.commands.tf_config:tf_config",
+    "export": "mirrorkit.commands.export:export",
+    "bench": "mirrorkit.commands.bench:bench",
 }
+
+
+def _available(target: str) -> bool:
+    # A command module may be absent in a partial install; list only real ones.
+    return importlib.util.find_spec(target.partition(":")[0]) is not None
 
 
 class _LazyGroup(click.Group):
     """A group whose commands are imported on first use (keeps start-up fast)."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return list(_COMMANDS)
+        return [name for name, target in _COMMANDS.items() if _available(target)]
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         target = _COMMANDS.get(name)
-        if target is None:
+        if target is None or not _available(target):
             return None
         module, _, attr = target.partition(":")
         return getattr(importlib.import_module(module), attr)

@@ -1,0 +1,62 @@
+"""Shared fixtures: fresh-subprocess Python runs, free loopback ports.
+
+Device splits and multi-worker collectives are per process and permanent, so
+every multi-device case runs in a fresh interpreter through ``run_python``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test process's environment minus anything that steers mirrorkit."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MIRRORKIT_", "SLURM_")) and k != "TF_CONFIG"}
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.update(extra)
+    return env
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct loopback ports that were free a moment ago."""
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+@pytest.fixture
+def run_python(tmp_path):
+    """Run a Python snippet in a fresh interpreter; return CompletedProcess.
+
+    Example:
+        proc = run_python("print(1)", env={"MIRRORKIT_SIMULATE_CPUS": "2"})
+    """
+
+    def _run(code: str, *, env: dict[str, str] | None = None, timeout: float = 300,
+             check: bool = True) -> subprocess.CompletedProcess:
+        script = tmp_path / f"snippet_{abs(hash(code))}.py"
+        script.write_text(textwrap.dedent(code))
+        proc = subprocess.run([sys.executable, str(script)], env=clean_env(**(env or {})),
+                              capture_output=True, text=True, timeout=timeout,
+                              cwd=str(tmp_path))
+        if check and proc.returncode != 0:
+            raise AssertionError(f"snippet failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    return _run
