@@ -71,3 +71,7 @@ def main(argv: list[str] | None = None) -> Any:
         >>> main(["--help"])                             # doctest: +SKIP
     """
     return cli.main(args=argv, prog_name="mirrorkit", auto_envvar_prefix="MIRRORKIT")
+
+
+if __name__ == "__main__":  # `python -m mirrorkit.cli`, used by tests and `mirrorkit run`
+    main()

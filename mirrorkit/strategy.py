@@ -315,7 +315,10 @@ def describe(strategy: Any | None = None) -> Runtime:
         strategy = _STATE["strategy"] or tf.distribute.get_strategy()
     ours = strategy is _STATE["strategy"] and sel is not None
     name = _strategy_name(strategy)
-    devices = tuple(getattr(strategy.extended, "worker_devices", ()) or ())
+    try:
+        devices = tuple(strategy.extended.worker_devices)
+    except RuntimeError:  # the default strategy has no worker_devices
+        devices = ()
     if not devices:
         devices = tuple(d.name for d in tf.config.list_logical_devices()
                         if d.device_type in ("CPU", "GPU"))[:1]
