@@ -24,6 +24,12 @@ STRATEGY = "MIRRORKIT_STRATEGY"
 RESTART_COUNT = "MIRRORKIT_RESTART_COUNT"
 SCALE_BATCH = "MIRRORKIT_SCALE_BATCH"
 COLLECTIVE_TIMEOUT = "MIRRORKIT_COLLECTIVE_TIMEOUT"
+# Slurm: opt-out switch, first port per node, GPUs per local task.
+SLURM_ENABLE = "MIRRORKIT_SLURM"
+SLURM_PORT = "MIRRORKIT_SLURM_PORT"
+SLURM_GPUS_PER_TASK = "MIRRORKIT_SLURM_GPUS_PER_TASK"
+COMPAT = "MIRRORKIT_COMPAT"
+COMPAT_DISABLE = "MIRRORKIT_COMPAT_DISABLE"
 
 
 def get(name: str, default: str | None = None) -> str | None:
@@ -115,9 +121,93 @@ def collective_timeout() -> float | None:
     return value
 
 
+def compat_enabled() -> bool:
+    """Return False when ``MIRRORKIT_COMPAT`` is ``off``/``0``/``false``/``no``.
+
+    Example:
+        >>> with patch({"MIRRORKIT_COMPAT": "off"}):
+        ...     compat_enabled()
+        False
+    """
+    raw = os.environ.get(COMPAT, "").strip().lower()
+    return raw not in {"off", "0", "false", "no", "none"}
+
+
+def compat_disabled() -> list[str]:
+    """Return the fix names listed in ``MIRRORKIT_COMPAT_DISABLE`` (comma-separated).
+
+    Example:
+        >>> with patch({"MIRRORKIT_COMPAT_DISABLE": "scalar-logs, symbolic-build"}):
+        ...     compat_disabled()
+        ['scalar-logs', 'symbolic-build']
+    """
+    raw = os.environ.get(COMPAT_DISABLE, "")
+    return [n.strip() for n in raw.split(",") if n.strip()]
+
+
 def slurm() -> dict[str, str]:
-    """Return every ``SLURM_*`` variable (empty outside a Slurm step)."""
-    return {k: v for k, v in os.environ.items() if k.startswith("SLURM_")}
+    """Return every ``SLURM_*`` (and ``SLURMD_NODENAME``) variable; empty outside Slurm."""
+    return {k: v for k, v in os.environ.items() if k.startswith(("SLURM_", "SLURMD_"))}
+
+
+def slurm_enabled() -> bool:
+    """Return False when ``MIRRORKIT_SLURM`` is ``0``/``off``/``false``/``no``.
+
+    The escape hatch for running a single process inside a multi-task step.
+
+    Example:
+        >>> with patch({"MIRRORKIT_SLURM": "off"}):
+        ...     slurm_enabled()
+        False
+    """
+    raw = os.environ.get(SLURM_ENABLE, "").strip().lower()
+    return raw not in {"off", "0", "false", "no"}
+
+
+def slurm_port() -> int | None:
+    """Return ``MIRRORKIT_SLURM_PORT`` (the first port of each node), or None.
+
+    Raises:
+        ValueError: if it is not a port number from 1 to 65535.
+
+    Example:
+        >>> with patch({"MIRRORKIT_SLURM_PORT": "8888"}):
+        ...     slurm_port()
+        8888
+    """
+    value = _positive_int(SLURM_PORT)
+    if value is not None and value > 65535:
+        raise ValueError(
+            f"{SLURM_PORT} must be a port from 1 to 65535. "
+            f"Received: {SLURM_PORT}={value}"
+        )
+    return value
+
+
+def slurm_gpus_per_task() -> int | None:
+    """Return ``MIRRORKIT_SLURM_GPUS_PER_TASK`` (GPUs to give each local task), or None.
+
+    Raises:
+        ValueError: if it is set to something other than a positive integer.
+    """
+    return _positive_int(SLURM_GPUS_PER_TASK)
+
+
+def export(values: Mapping[str, str]) -> None:
+    """Set variables in this process for good (no restore), e.g. a derived ``TF_CONFIG``.
+
+    For values that code outside mirrorkit reads straight from the
+    environment (TensorFlow reads ``TF_CONFIG`` and ``CUDA_VISIBLE_DEVICES``
+    itself). Use :func:`patch` for anything temporary.
+
+    Example:
+        >>> with patch({"MIRRORKIT_EXAMPLE": None}):  # restores it afterwards
+        ...     export({"MIRRORKIT_EXAMPLE": "1"})
+        ...     get("MIRRORKIT_EXAMPLE")
+        '1'
+    """
+    for key, value in values.items():
+        os.environ[key] = value
 
 
 def cuda_visible_devices() -> str | None:

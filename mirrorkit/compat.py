@@ -1,0 +1,321 @@
+"""Minimal fixes that make Keras 3 ``fit``/``evaluate``/``predict`` work under MWMS.
+
+With TensorFlow 2.21 and Keras 3.15, ``model.fit`` under
+``tf.distribute.MultiWorkerMirroredStrategy`` fails before the first step
+(keras-team/keras#20585, tensorflow/tensorflow#72388). Two independent spots
+in ``keras/src/backend/tensorflow/trainer.py`` are to blame; each has a fix
+here:
+
+``symbolic-build`` (keras#20585, part 1)
+    ``TensorFlowTrainer._maybe_symbolic_build`` peeks at one batch and calls
+    ``strategy.reduce("MEAN", per_replica_batch, axis=None)`` to get one
+    example batch. In multi-worker mode that raises ``ValueError: Attempt to
+    convert a value (PerReplica...)``. The build only needs shapes and dtypes,
+    so the fix hands it this worker's first local replica batch
+    (``experimental_local_results(v)[0]``): no collective, same shapes.
+
+``scalar-logs`` (keras#20585, part 2; tensorflow#72388)
+    ``reduce_per_replica``'s multi-worker branch reduces the step logs with
+    ``strategy.reduce("MEAN", v, axis=0)``. Logs are scalars (loss, metric
+    results), so TF raises ``Invalid reduction dimension 0 for input with 0
+    dimensions``. The fix reduces rank-0 values with ``axis=None`` (the mean
+    over replicas, which is what the single-worker branch computes) and
+    leaves every other value and reduction to Keras.
+
+``predict`` needs no fix on the installed versions: Keras gathers every
+replica's outputs in replica order (``_multi_worker_concat``) and the array
+adapter shards batches by replica, so each worker gets every example once,
+in order (``tests/test_multi_worker.py`` checks this against a single-process
+predict).
+
+How a fix decides it is needed: it looks for the broken call in the source of
+the installed Keras function (e.g. ``distribute_strategy.reduce(`` inside
+``_maybe_symbolic_build``). That detects the broken code path exactly,
+without running a collective, and stops applying the fix the day upstream
+changes that code. When the source is unavailable (a frozen install) it falls
+back to the affected version range in :mod:`mirrorkit.upstream`.
+
+Every fix is idempotent, is applied only when needed, and can be disabled:
+``apply(disable=[...])``, or ``MIRRORKIT_COMPAT=off`` (all fixes) /
+``MIRRORKIT_COMPAT_DISABLE=symbolic-build,scalar-logs`` (some) in the
+environment. Tests disable a fix to assert the upstream failure still exists,
+so mirrorkit notices when upstream fixes it.
+
+:func:`mirrorkit.get_strategy` applies the fixes when it creates a
+multi-worker strategy. Code that creates its own strategy calls
+:func:`apply` (or ``mirrorkit.fix_multi_worker()``) once, before ``fit``.
+
+Example:
+    >>> import tensorflow as tf                                  # doctest: +SKIP
+    >>> import mirrorkit
+    >>> strategy = tf.distribute.MultiWorkerMirroredStrategy()   # doctest: +SKIP
+    >>> mirrorkit.fix_multi_worker()                             # doctest: +SKIP
+    {'symbolic-build': 'applied', 'scalar-logs': 'applied'}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import logging
+from typing import Any, Callable, Iterable
+
+from mirrorkit import _env
+
+logger = logging.getLogger(__name__)
+
+# Status values :func:`apply` and :func:`status` report for each fix.
+APPLIED = "applied"
+NOT_NEEDED = "not-needed"
+DISABLED = "disabled"
+NOT_APPLIED = "not-applied"
+
+_TRAINER = "keras.src.backend.tensorflow.trainer"
+
+
+@dataclasses.dataclass(frozen=True)
+class Fix:
+    """One upstream failure and the patch that works around it.
+
+    Attributes:
+        name: short name used by ``disable=`` and ``MIRRORKIT_COMPAT_DISABLE``.
+        ref: the upstream issue, as listed in :mod:`mirrorkit.upstream`.
+        summary: what breaks without the fix, in one sentence.
+        error: a fragment of the upstream error message (tests assert it).
+    """
+
+    name: str
+    ref: str
+    summary: str
+    error: str
+    _target: tuple[str, str, str | None]   # (module, attribute, class or None)
+    _broken_marker: str                    # source text of the broken call
+    _make: Callable[[Callable[..., Any]], Callable[..., Any]]
+
+    def _owner(self) -> Any:
+        import importlib
+
+        module, _attr, cls = self._target
+        owner = importlib.import_module(module)
+        return getattr(owner, cls) if cls else owner
+
+    def _original(self) -> Callable[..., Any]:
+        current = getattr(self._owner(), self._target[1])
+        return getattr(current, "__mirrorkit_original__", current)
+
+    def needed(self) -> bool:
+        """True when the installed Keras still has the broken code path.
+
+        Example:
+            >>> FIXES["scalar-logs"].needed()                # doctest: +SKIP
+            True
+        """
+        try:
+            source = inspect.getsource(self._original())
+        except (OSError, TypeError):
+            # No source (zipped or compiled install): trust the version range.
+            from mirrorkit import upstream
+
+            return any(i.ref == self.ref for i in upstream.affecting())
+        return self._broken_marker in _squash(source)
+
+    def is_applied(self) -> bool:
+        """True when the patch is in place in this process."""
+        current = getattr(self._owner(), self._target[1])
+        return getattr(current, "__mirrorkit_fix__", None) == self.name
+
+    def _apply(self) -> None:
+        if self.is_applied():
+            return
+        original = self._original()
+        patched = self._make(original)
+        functools.update_wrapper(patched, original)
+        patched.__mirrorkit_fix__ = self.name  # type: ignore[attr-defined]
+        patched.__mirrorkit_original__ = original  # type: ignore[attr-defined]
+        setattr(self._owner(), self._target[1], patched)
+
+    def _revert(self) -> None:
+        if self.is_applied():
+            setattr(self._owner(), self._target[1], self._original())
+
+
+def _squash(text: str) -> str:
+    # Compare code without whitespace so reformatting upstream does not matter.
+    return "".join(text.split())
+
+
+def _in_multi_worker_mode(strategy: Any) -> bool:
+    import tensorflow as tf
+
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and bool(
+        strategy.extended._in_multi_worker_mode())
+
+
+def _local_first(strategy: Any, value: Any) -> Any:
+    import tensorflow as tf
+
+    if isinstance(value, tf.distribute.DistributedValues):
+        return strategy.experimental_local_results(value)[0]
+    return value
+
+
+def _make_symbolic_build(original: Callable[..., Any]) -> Callable[..., Any]:
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        strategy = self._distribute_strategy
+        if iterator is None or strategy is None or not _in_multi_worker_mode(strategy):
+            return original(self, iterator=iterator, data_batch=data_batch)
+        from keras.src import tree
+
+        # Same peek as upstream, but take this worker's local batch instead of
+        # a cross-worker MEAN of the data: the build needs shapes only.
+        for _, _, it in iterator:
+            batch = next(it)
+            data_batch = tree.map_structure(lambda v: _local_first(strategy, v), batch)
+            break
+        return original(self, iterator=None, data_batch=data_batch)
+
+    return _maybe_symbolic_build
+
+
+def _rank(strategy: Any, value: Any) -> int | None:
+    local = _local_first(strategy, value)
+    shape = getattr(local, "shape", None)
+    return None if shape is None else shape.rank
+
+
+def _make_scalar_logs(original: Callable[..., Any]) -> Callable[..., Any]:
+    def reduce_per_replica(values, strategy, reduction):
+        if reduction not in ("auto", "mean") or not _in_multi_worker_mode(strategy):
+            return original(values, strategy, reduction)
+        from keras.src import tree
+
+        def _reduce(v):
+            if _rank(strategy, v) == 0:
+                # The mean over replicas of a scalar: axis=None, not axis=0.
+                return strategy.reduce("MEAN", v, axis=None)
+            return original(v, strategy, "mean")
+
+        return tree.map_structure(_reduce, values)
+
+    return reduce_per_replica
+
+
+FIXES: dict[str, Fix] = {
+    "symbolic-build": Fix(
+        name="symbolic-build",
+        ref="keras#20585",
+        summary="fit/evaluate reduce a PerReplica data batch across workers to "
+        "build the model, which fails in multi-worker mode.",
+        error="Attempt to convert a value (PerReplica",
+        _target=(_TRAINER, "_maybe_symbolic_build", "TensorFlowTrainer"),
+        _broken_marker="self.distribute_strategy.reduce(",
+        _make=_make_symbolic_build,
+    ),
+    "scalar-logs": Fix(
+        name="scalar-logs",
+        ref="tensorflow#72388",
+        summary="the multi-worker branch of reduce_per_replica reduces scalar "
+        "logs on axis 0.",
+        error="Invalid reduction dimension 0 for input with 0 dimensions",
+        _target=(_TRAINER, "reduce_per_replica", None),
+        _broken_marker='strategy.reduce("MEAN",v,axis=0)',
+        _make=_make_scalar_logs,
+    ),
+}
+
+
+def _check_names(names: Iterable[str], where: str) -> set[str]:
+    chosen = {n.strip() for n in names if n and n.strip()}
+    if "all" in chosen:
+        return set(FIXES)
+    unknown = sorted(chosen - set(FIXES))
+    if unknown:
+        raise ValueError(
+            f"Unknown compat fix in {where}. Received: {', '.join(unknown)}; "
+            f"accepted: all, {', '.join(FIXES)}"
+        )
+    return chosen
+
+
+def _disabled_from_env() -> set[str]:
+    if not _env.compat_enabled():
+        return set(FIXES)
+    return _check_names(_env.compat_disabled(), _env.COMPAT_DISABLE)
+
+
+def _keras_is_tensorflow() -> bool:
+    import keras
+
+    return keras.backend.backend() == "tensorflow"
+
+
+def apply(*, disable: Iterable[str] | None = None) -> dict[str, str]:
+    """Apply every needed fix for Keras 3 under MultiWorkerMirroredStrategy.
+
+    Safe to call many times and in single-worker runs: a patched function
+    behaves exactly like the original unless the strategy is a
+    ``MultiWorkerMirroredStrategy`` in multi-worker mode.
+
+    Args:
+        disable: fix names to leave out (``"all"`` for every fix). Defaults to
+            ``MIRRORKIT_COMPAT=off`` (all) / ``MIRRORKIT_COMPAT_DISABLE``
+            (comma-separated names), else none. A disabled fix that was
+            applied earlier in this process is reverted.
+
+    Returns:
+        Fix name -> ``"applied"``, ``"not-needed"`` or ``"disabled"``.
+
+    Raises:
+        ValueError: for an unknown fix name.
+
+    Example:
+        >>> from mirrorkit import compat
+        >>> compat.apply(disable=["scalar-logs"])            # doctest: +SKIP
+        {'symbolic-build': 'applied', 'scalar-logs': 'disabled'}
+    """
+    skip = _disabled_from_env() if disable is None else _check_names(
+        [disable] if isinstance(disable, str) else disable, "disable")
+    if not _keras_is_tensorflow():
+        # Other backends never reach the TF trainer; nothing to patch.
+        return {name: NOT_NEEDED for name in FIXES}
+    result: dict[str, str] = {}
+    for name, fix in FIXES.items():
+        if name in skip:
+            fix._revert()
+            result[name] = DISABLED
+        elif fix.needed():
+            fix._apply()
+            result[name] = APPLIED
+        else:
+            result[name] = NOT_NEEDED
+    logger.info("mirrorkit.compat: %s", ", ".join(f"{k}={v}" for k, v in result.items()))
+    return result
+
+
+def status() -> dict[str, str]:
+    """Report each fix as ``"applied"``, ``"not-needed"`` or ``"not-applied"``.
+
+    Example:
+        >>> from mirrorkit import compat
+        >>> compat.status()                                  # doctest: +SKIP
+        {'symbolic-build': 'not-applied', 'scalar-logs': 'not-applied'}
+    """
+    out = {}
+    for name, fix in FIXES.items():
+        if fix.is_applied():
+            out[name] = APPLIED
+        else:
+            out[name] = NOT_APPLIED if fix.needed() else NOT_NEEDED
+    return out
+
+
+def revert() -> None:
+    """Undo every applied fix (restores Keras's own functions; for tests).
+
+    Example:
+        >>> from mirrorkit import compat
+        >>> compat.revert()                                  # doctest: +SKIP
+    """
+    for fix in FIXES.values():
+        fix._revert()
