@@ -10,19 +10,52 @@ Example:
     strategy=default replicas=1 (no GPU visible and no simulated CPUs requested; ...)
 """
 
+from typing import Any
+
 from mirrorkit.cluster import ClusterSpec, build_tf_config, parse_tf_config
+from mirrorkit.data import (
+    BatchSize,
+    distribute_from_function,
+    eval_pipeline,
+    resolve_batch,
+    shard_policy,
+    train_pipeline,
+)
 from mirrorkit.runtime import Runtime
+from mirrorkit.scope import build, scope, sync_batch_norm
 from mirrorkit.strategy import describe, get_strategy, select
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchSize",
     "ClusterSpec",
     "Runtime",
+    "WarmupSchedule",
     "__version__",
+    "build",
     "build_tf_config",
     "describe",
+    "distribute_from_function",
+    "eval_pipeline",
     "get_strategy",
     "parse_tf_config",
+    "resolve_batch",
+    "scale_learning_rate",
+    "scope",
     "select",
+    "shard_policy",
+    "sync_batch_norm",
+    "train_pipeline",
 ]
+
+# Names whose module imports Keras (so TensorFlow); loaded on first access.
+_LAZY = {"WarmupSchedule": "mirrorkit.schedules", "scale_learning_rate": "mirrorkit.schedules"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'mirrorkit' has no attribute {name!r}")

@@ -1,0 +1,59 @@
+"""``mirrorkit run``: run an unmodified Keras script on every local device."""
+
+from __future__ import annotations
+
+import click
+
+from mirrorkit import _env
+from mirrorkit.commands._common import simulate_cpus_option, strategy_option, user_errors
+
+
+def _announce(runtime, scale: bool) -> None:
+    batch = (f"script batch_size is per replica (x{runtime.replicas})" if scale
+             else "script batch_size is the global batch")
+    click.echo(f"mirrorkit run: {runtime.summary()}; {batch}", err=True)
+
+
+@click.command(context_settings={"ignore_unknown_options": True,
+                                 "allow_interspersed_args": False})
+@simulate_cpus_option
+@strategy_option
+@click.option("--scale-batch/--no-scale-batch", default=None,
+              envvar="MIRRORKIT_SCALE_BATCH", show_envvar=True,
+              help="Treat the batch_size the script passes to fit/evaluate/predict "
+              "as per replica (multiplied by the replica count). Default: it is "
+              "the global batch, split across replicas.")
+@click.argument("script")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def run(simulate_cpus: int | None, strategy: str | None, scale_batch: bool | None,
+        script: str, args: tuple[str, ...]) -> None:
+    """Run SCRIPT as `python SCRIPT ARGS` would, with every Keras model mirrored.
+
+    The strategy is created and made the default before the script starts, so
+    models it builds, compiles and fits train on all replicas without a code
+    change. Options for mirrorkit go before SCRIPT; everything after it is the
+    script's own. Exit code is the script's.
+
+    \b
+    Examples:
+      mirrorkit run --simulate-cpus 2 apps/plain_keras_script.py --epochs 3
+      mirrorkit run --scale-batch train.py --batch-size 64   # 64 per replica
+    """
+    from mirrorkit.runner import RunConfig, ScriptFailed, run_script
+
+    if script.startswith("-"):
+        # With ignore_unknown_options an unknown mirrorkit option lands here.
+        raise click.UsageError(
+            f"No such option: {script} (mirrorkit run options go before SCRIPT; "
+            "see `mirrorkit run --help`)")
+    config = RunConfig(script=script, args=tuple(args), strategy=strategy,
+                       simulate_cpus=simulate_cpus, scale_batch=scale_batch)
+    try:
+        with user_errors():
+            _env.quiet_tensorflow()
+            # Errors raised before the script starts are mirrorkit's to report
+            # in one line; the script's own errors come back as ScriptFailed.
+            run_script(config, on_start=_announce)
+    except ScriptFailed as failed:
+        click.echo(failed.traceback_text, err=True, nl=False)
+        raise SystemExit(failed.exit_code) from None
