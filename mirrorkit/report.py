@@ -44,7 +44,9 @@ def environment_report(*, strategy: str | None = None,
         A JSON-ready dict with the keys ``python``, ``tensorflow``, ``keras``,
         ``tensorflow-datasets``, ``mirrorkit``, ``strategy``, ``replicas``,
         ``workers``, ``task``, ``is_chief``, ``devices``,
-        ``physical_devices``, ``reason``, ``cluster_source``, ``warnings``.
+        ``physical_devices``, ``reason``, ``cluster_source``, ``warnings``,
+        and ``slurm`` (this task's place in the step) when the cluster
+        comes from a Slurm step.
 
     Raises:
         ValueError: for a malformed ``TF_CONFIG`` or bad option.
@@ -76,6 +78,11 @@ def environment_report(*, strategy: str | None = None,
         runtime.pop("task_index")
     data: dict[str, Any] = dict(versions())
     data.update(runtime)
+    if sel.cluster_source == "slurm":
+        from mirrorkit import slurm
+
+        task = slurm.current()
+        data["slurm"] = task.describe() if task is not None else None
     data["physical_devices"] = physical
     data["logical_devices"] = [d.name for d in tf.config.list_logical_devices()]
     data["warnings"] = [f"{i.ref}: {i.summary} mirrorkit: {i.handling}"

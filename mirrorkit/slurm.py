@@ -46,6 +46,7 @@ import dataclasses
 import re
 from typing import Mapping
 
+from mirrorkit import _env
 from mirrorkit.cluster import ClusterSpec, parse_tf_config
 
 # Base port when neither the argument nor MIRRORKIT_SLURM_PORT is given and
@@ -191,7 +192,7 @@ def default_port_base(job_id: str | None) -> int:
 
     Example:
         >>> default_port_base("123456"), default_port_base(None)
-        (15648, 8888)
+        (19648, 8888)
     """
     if job_id is None or not job_id.strip().isdigit():
         return FALLBACK_PORT_BASE
@@ -234,6 +235,23 @@ class SlurmTask:
     def address(self) -> str:
         """This task's own ``host:port``."""
         return self.cluster.address
+
+    def describe(self) -> str:
+        """One line for ``mirrorkit info``: where this task sits in the step.
+
+        Example:
+            >>> from_env({"SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+            ...           "SLURM_PROCID": "3", "SLURM_NODEID": "1", "SLURM_LOCALID": "1"},
+            ...          port_base=9000).describe()
+            'node n2 (2 of 2), local task 1 of 2, SLURM_PROCID 3, ports from 9000'
+        """
+        text = (f"node {self.hosts[self.node_index]} ({self.node_index + 1} of "
+                f"{len(self.hosts)}), local task {self.local_id} of "
+                f"{self.tasks_per_node[self.node_index]}, SLURM_PROCID {self.proc_id}, "
+                f"ports from {self.port_base}")
+        if self.cuda_visible_devices is not None:
+            text += f", CUDA_VISIBLE_DEVICES={self.cuda_visible_devices}"
+        return text
 
     def environ(self) -> dict[str, str]:
         """The variables to export so TensorFlow sees this task's cluster and GPUs."""
@@ -315,9 +333,9 @@ def from_env(
     or ``SLURM_NODEID``, and ``SLURM_JOB_ID`` for the default port.
 
     Args:
-        env: the environment (``mirrorkit._env.slurm()`` in real use).
+        env: the ``SLURM_*`` variables (and ``CUDA_VISIBLE_DEVICES`` when
+            set); :func:`current` passes the real environment.
         port_base: port of local task 0 on each node. Defaults to
-            ``MIRRORKIT_SLURM_PORT`` as passed in by the caller, then
             :func:`default_port_base`.
         gpus_per_task: give each local task this many GPUs through
             ``CUDA_VISIBLE_DEVICES``. Defaults to None: leave devices alone.
@@ -389,6 +407,30 @@ def from_env(
     return SlurmTask(cluster=cluster, hosts=tuple(hosts), tasks_per_node=tuple(per_node),
                      node_index=node, local_id=local, proc_id=proc, port_base=base,
                      cuda_visible_devices=devices)
+
+
+def current() -> SlurmTask | None:
+    """This process's :class:`SlurmTask` from the real environment, or None.
+
+    None outside an ``srun`` step or with ``MIRRORKIT_SLURM=0``. The base port
+    comes from ``MIRRORKIT_SLURM_PORT`` and GPUs per task from
+    ``MIRRORKIT_SLURM_GPUS_PER_TASK`` when set.
+
+    Raises:
+        ValueError: for malformed Slurm or ``MIRRORKIT_SLURM_*`` values.
+
+    Example:
+        >>> task = current()          # doctest: +SKIP
+        >>> task.cluster.num_workers  # doctest: +SKIP
+        4
+    """
+    if not _env.slurm_enabled():
+        return None
+    env = _env.slurm()
+    visible = _env.cuda_visible_devices()
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    return from_env(env, port_base=_env.slurm_port(), gpus_per_task=_env.slurm_gpus_per_task())
 
 
 def _task_devices(local: int, per_task: int, visible: str | None) -> str:

@@ -166,10 +166,24 @@ _STATE: dict[str, Any] = {"selection": None, "strategy": None}
 
 
 def _cluster_from_env() -> tuple[ClusterSpec | None, str]:
+    # TF_CONFIG wins (explicit, and what `mirrorkit launch` and Kubeflow set);
+    # else an `srun` step with 2+ tasks derives the same cluster on every task.
+    from mirrorkit import slurm
+
     text = _env.tf_config_text()
     if text is not None:
-        return parse_tf_config(text), "TF_CONFIG"
-    return None, "TF_CONFIG"
+        spec = parse_tf_config(text)
+        # A TF_CONFIG this process exported from Slurm (below) is still Slurm's.
+        source = "slurm" if _env.get(_env.SLURM_DERIVED) == spec.to_json() else "TF_CONFIG"
+        return spec, source
+    task = slurm.current()
+    if task is None or task.cluster.num_workers < 2:
+        return None, "TF_CONFIG"
+    # TensorFlow's MultiWorkerMirroredStrategy (and user code) read TF_CONFIG
+    # and CUDA_VISIBLE_DEVICES themselves, so the derived values are exported
+    # before any strategy or device exists.
+    _env.export({**task.environ(), _env.SLURM_DERIVED: task.cluster.to_json()})
+    return task.cluster, "slurm"
 
 
 def _configure_cpus(tf: Any, n: int) -> None:

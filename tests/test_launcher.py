@@ -97,6 +97,27 @@ def start(tmp_path):
             os.kill(pid, signal.SIGKILL)
 
 
+def consecutive_free_ports(n: int) -> int:
+    """A base port ``p`` with ``p .. p+n-1`` all free a moment ago."""
+    for _ in range(100):
+        base = free_ports(1)[0]
+        if base + n > 65535:
+            continue
+        socks = []
+        try:
+            for port in range(base, base + n):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError(f"no {n} consecutive free ports found")
+
+
 def wait_for(predicate, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -318,9 +339,7 @@ def test_workers_die_with_a_sigkilled_launcher(start, tmp_path):
 
 
 def test_fixed_port_is_used_and_a_busy_one_is_an_error(start, tmp_path):
-    base = free_ports(1)[0]
-    while base > 65000:  # keep room for base+1
-        base = free_ports(1)[0]
+    base = consecutive_free_ports(2)
     code, _, stderr = start(["-n", "2", "--port", str(base), "--", "python", ECHO,
                              str(tmp_path / "a")]).wait(60)
     assert code == 0, stderr
