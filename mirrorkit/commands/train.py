@@ -1,0 +1,141 @@
+"""``mirrorkit train``: train a vision model from the zoo on a dataset, on every local device.
+
+Thin: options -> :class:`mirrorkit.training.TrainConfig` ->
+:func:`mirrorkit.training.train` -> print. The dataset options are shared with
+``mirrorkit export`` through :func:`data_options`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import click
+
+from mirrorkit.commands._common import simulate_cpus_option, strategy_option, user_errors
+from mirrorkit.models import MODELS
+from mirrorkit.training import (
+    BASE_BATCH,
+    DEFAULT_EPOCHS,
+    DEFAULT_LR,
+    DEFAULT_PER_REPLICA_BATCH,
+    LR_SCALINGS,
+    OPTIMIZERS,
+    PRECISIONS,
+)
+
+_DATA_OPTIONS = ("image_size", "channels", "classes", "examples", "data_dir", "download",
+                 "train_split", "val_split", "val_fraction", "val_files")
+
+
+def data_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Add ``--dataset`` and the options that say how to read it.
+
+    Example:
+        >>> @click.command()
+        ... @data_options
+        ... def cmd(dataset, **options): ...
+    """
+    decorators = [
+        click.option("--dataset", default="digits", show_default=True, metavar="SPEC",
+                     help="digits (embedded), synthetic, tfds:NAME, folder:PATH or files:GLOB."),
+        click.option("--image-size", default=None, metavar="N|HxW",
+                     help="Resize images (N x N or HxW). Default: the data's own size "
+                     "(synthetic: 32)."),
+        click.option("--channels", type=click.Choice(["1", "3"]), default=None,
+                     help="Convert images to 1 (grayscale) or 3 (RGB) channels. "
+                     "Default: the data's own (synthetic: 3)."),
+        click.option("--classes", type=int, default=10, show_default=True,
+                     help="synthetic: number of classes."),
+        click.option("--examples", type=int, default=1024, show_default=True,
+                     help="synthetic: training examples (validation: a fifth)."),
+        click.option("--data-dir", default=None, metavar="DIR",
+                     help="tfds: data directory. Default: TFDS's (~/tensorflow_datasets)."),
+        click.option("--download", is_flag=True,
+                     help="tfds: download and prepare the dataset if it is not on disk."),
+        click.option("--train-split", default="train", show_default=True,
+                     help="tfds: split to train on (slices like train[:80%] work)."),
+        click.option("--val-split", default=None,
+                     help="tfds: split to validate on. Default: validation, else test, "
+                     "else the last 10% of train."),
+        click.option("--val-fraction", type=float, default=0.2, show_default=True,
+                     help="folder: fraction of every class held out, unless PATH has "
+                     "train/ and val/ subfolders."),
+        click.option("--val-files", default=None, metavar="GLOB",
+                     help="files: validation shards. Default: from the metadata "
+                     "`mirrorkit export` writes."),
+    ]
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func
+
+
+def build_data_options(kwargs: dict[str, Any]) -> Any:
+    """Pop the :func:`data_options` values from ``kwargs`` into a ``DataOptions``."""
+    from mirrorkit.datasets import DataOptions
+
+    values = {name: kwargs.pop(name) for name in _DATA_OPTIONS}
+    if values["channels"] is not None:
+        values["channels"] = int(values["channels"])
+    return DataOptions(**values)
+
+
+@click.command()
+@data_options
+@click.option("--model", default="cnn", show_default=True, help=f"{', '.join(MODELS)}.")
+@click.option("--augment", is_flag=True,
+              help="Random flip + translation layers inside the model (on the device).")
+@click.option("--epochs", type=int, default=DEFAULT_EPOCHS, show_default=True,
+              help="Epochs to train.")
+@click.option("--per-replica-batch", type=int, default=None,
+              help=f"Images per replica per step. Default: {DEFAULT_PER_REPLICA_BATCH} "
+              "(unless --global-batch).")
+@click.option("--global-batch", type=int, default=None,
+              help="Images per step over all replicas; must divide by the replicas.")
+@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adam",
+              show_default=True, help="momentum = SGD with momentum 0.9.")
+@click.option("--lr", type=float, default=None,
+              help=f"Learning rate for a global batch of {BASE_BATCH}. Default: "
+              + ", ".join(f"{lr:g} ({name})" for name, lr in DEFAULT_LR.items()) + ".")
+@click.option("--lr-scaling", type=click.Choice(LR_SCALINGS), default="linear",
+              show_default=True, help=f"Scale --lr from batch {BASE_BATCH} to the global batch.")
+@click.option("--warmup-epochs", type=float, default=0.0, show_default=True,
+              help="Ramp the learning rate up linearly over this many epochs.")
+@click.option("--precision", type=click.Choice(PRECISIONS),
+              default="float32", show_default=True, help="Keras dtype policy.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seeds weights, shuffling and augmentation.")
+@click.option("--steps-per-execution", type=int, default=1, show_default=True,
+              help="Steps per tf.function call; only 1 with 2+ replicas (keras#19246).")
+@simulate_cpus_option
+@strategy_option
+@click.option("--output", default=None, metavar="DIR",
+              help="Run directory. Default: a new runs/<time>-<model>-<dataset>.")
+@click.option("--resume", is_flag=True,
+              help="Continue the run in --output from its last epoch backup.")
+def train(**kwargs: Any) -> None:
+    """Train a vision model on every local device (or as one worker of a TF_CONFIG cluster).
+
+    Prints a summary (data, model, strategy and why, batch, learning rate),
+    Keras's progress bar, throughput per epoch and the validation accuracy.
+    Writes model.keras, metrics.json, history.csv and TensorBoard logs/ to
+    --output (in multi-worker runs the chief only).
+
+    \b
+    Examples:
+      mirrorkit train
+      mirrorkit train --simulate-cpus 2 --epochs 5
+      mirrorkit train --model resnet20 --dataset synthetic --per-replica-batch 32
+      mirrorkit train --dataset tfds:mnist --data-dir ~/tensorflow_datasets
+      mirrorkit train --dataset folder:photos/ --image-size 64 --augment
+      mirrorkit train --output runs/a --resume
+    """
+    from mirrorkit import _env
+
+    _env.quiet_tensorflow()
+    with user_errors():
+        from mirrorkit.training import TrainConfig
+        from mirrorkit.training import train as run_training
+
+        data = build_data_options(kwargs)
+        config = TrainConfig(data=data, **kwargs)
+        run_training(config, echo=click.echo)
