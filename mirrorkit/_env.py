@@ -31,6 +31,7 @@ SLURM_GPUS_PER_TASK = "MIRRORKIT_SLURM_GPUS_PER_TASK"
 # Set with the TF_CONFIG derived from Slurm, so a later read knows its source.
 SLURM_DERIVED = "MIRRORKIT_SLURM_TF_CONFIG"
 COMPAT = "MIRRORKIT_COMPAT"
+JOIN_TIMEOUT = "MIRRORKIT_JOIN_TIMEOUT"
 COMPAT_DISABLE = "MIRRORKIT_COMPAT_DISABLE"
 
 
@@ -106,21 +107,34 @@ def scale_batch() -> bool:
     return os.environ.get(SCALE_BATCH, "").strip().lower() in {"1", "true", "yes"}
 
 
-def collective_timeout() -> float | None:
-    """Return ``MIRRORKIT_COLLECTIVE_TIMEOUT`` in seconds, or None when unset."""
-    raw = os.environ.get(COLLECTIVE_TIMEOUT)
+def _positive_seconds(name: str) -> float | None:
+    raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return None
     try:
         value = float(raw)
     except ValueError:
         value = 0.0
-    if value <= 0:
+    if not value > 0:
         raise ValueError(
-            f"{COLLECTIVE_TIMEOUT} must be a positive number of seconds. "
-            f"Received: {COLLECTIVE_TIMEOUT}={raw!r}"
+            f"{name} must be a positive number of seconds. "
+            f"Received: {name}={raw!r}"
         )
     return value
+
+
+def collective_timeout() -> float | None:
+    """Return ``MIRRORKIT_COLLECTIVE_TIMEOUT`` in seconds, or None when unset.
+
+    It bounds how long a multi-worker process waits for a peer that stopped
+    answering (see :func:`mirrorkit.compat.configure_failure_detection`).
+    """
+    return _positive_seconds(COLLECTIVE_TIMEOUT)
+
+
+def join_timeout() -> float | None:
+    """Return ``MIRRORKIT_JOIN_TIMEOUT`` in seconds (wait for all workers to start), or None."""
+    return _positive_seconds(JOIN_TIMEOUT)
 
 
 def compat_enabled() -> bool:

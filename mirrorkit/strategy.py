@@ -218,8 +218,15 @@ def _create(tf: Any, sel: Selection) -> Any:
 
 
 def _create_multi_worker(tf: Any) -> Any:
+    # Lazy: compat imports Keras, which only multi-worker runs need here.
+    from mirrorkit import compat
+
+    # Bounded waits for lost peers must be configured before the runtime
+    # starts, i.e. before the strategy exists (MIRRORKIT_COLLECTIVE_TIMEOUT,
+    # MIRRORKIT_JOIN_TIMEOUT; see compat.configure_failure_detection).
+    compat.configure_failure_detection()
     try:
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
     except (RuntimeError, ValueError) as err:
         raise RuntimeError(
             "Cannot create MultiWorkerMirroredStrategy: "
@@ -227,6 +234,22 @@ def _create_multi_worker(tf: Any) -> Any:
             "It must be created before any other TensorFlow op: call "
             "mirrorkit.get_strategy() first thing in your script."
         ) from err
+    except tf.errors.OpError as err:
+        # Typically DeadlineExceeded: not every worker joined in time.
+        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+        missing = [ln for ln in lines if ln.startswith("/job:")]
+        raise RuntimeError(
+            "Cannot form the multi-worker cluster: "
+            f"{lines[0] if lines else type(err).__name__}"
+            + (f" Missing: {', '.join(missing)}." if missing else "")
+            + " Every task in TF_CONFIG must start within MIRRORKIT_JOIN_TIMEOUT "
+            f"seconds (default {compat.DEFAULT_JOIN_TIMEOUT:.0f}) and reach the "
+            "others' host:port."
+        ) from err
+    # Keras 3 fit/evaluate fail under MWMS without these (keras#20585);
+    # MIRRORKIT_COMPAT=off leaves Keras untouched.
+    compat.apply()
+    return strategy
 
 
 def resolve(kind: str | None = None, *, simulate_cpus: int | None = None) -> Selection:
