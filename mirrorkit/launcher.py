@@ -103,7 +103,10 @@ class LaunchSpec:
             ``CUDA_VISIBLE_DEVICES`` when that is set). Defaults to None:
             every worker sees every device.
         grace_period: seconds between SIGTERM and SIGKILL when stopping
-            workers. Defaults to 5.
+            workers. TensorFlow's multi-worker runtime catches SIGTERM (its
+            preemption notifier) and keeps running, so for MWMS workers this
+            is how long every stop and restart waits; 0 restarts fastest.
+            Defaults to 3.
         hosts: multi-node: every node's host, in node-rank order, each
             ``HOST`` (ports from ``port``) or ``HOST:PORT`` (that node's first
             port). All nodes run the same ``nproc``; node ``R`` runs global
@@ -128,7 +131,7 @@ class LaunchSpec:
     log_dir: str | None = None
     port: int | None = None
     gpus_per_worker: int | None = None
-    grace_period: float = 5.0
+    grace_period: float = 3.0
     hosts: tuple[str, ...] | None = None
     node_rank: int = 0
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)

@@ -28,6 +28,7 @@ from mirrorkit.launcher import LaunchSpec, RunResult, WorkerState, launch, visib
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 ECHO = str(FIXTURES / "launch_echo.py")
 TRAIN = str(FIXTURES / "launch_train.py")
+APP = Path(__file__).resolve().parent.parent / "apps" / "multi_worker.py"
 MAIN = [sys.executable, "-c", "from mirrorkit.cli import main; main()"]
 
 
@@ -379,13 +380,67 @@ def test_multi_node_by_hand_two_launchers_form_one_cluster(start, tmp_path):
 # --- real training ------------------------------------------------------------
 
 @pytest.mark.slow
-def test_two_workers_train_a_keras_model(start, tmp_path):
+def test_two_workers_train_the_multi_worker_app(start, tmp_path):
     out = tmp_path / "run"
-    code, stdout, stderr = start(["-n", "2", "--", "python", TRAIN, str(out),
-                                  "--epochs", "2"]).wait(180)
-    assert code == 0, stdout + stderr
-    assert "[0] DONE rank 0 replicas 2" in stdout and "[1] DONE rank 1 replicas 2" in stdout
-    runtimes = [json.loads((out / f"runtime-{i}.json").read_text()) for i in (0, 1)]
-    assert [(r["strategy"], r["workers"], r["is_chief"]) for r in runtimes] == [
-        ("multi_worker", 2, True), ("multi_worker", 2, False)]
+    code, stdout, stderr = start(["-n", "2", "--", "python", str(APP), "--epochs", "1",
+                                  "--per-replica-batch", "48", "--output", str(out)]).wait(240)
+    assert code == 0, stdout[-3000:] + stderr[-3000:]
+    for rank in (0, 1):
+        assert f"[{rank}] [worker:{rank}] strategy=multi_worker replicas=2, 2 workers" in stdout
+        assert f"[{rank}] [worker:{rank}] done:" in stdout
     assert (out / "model.keras").exists()
+
+
+def history(out: Path, rank: int) -> list[tuple[int, int]]:
+    """(restart, epoch) of every epoch worker ``rank`` finished, in order."""
+    lines = (out / f"history-{rank}.jsonl").read_text().splitlines()
+    return [(r["restart"], r["epoch"]) for r in map(json.loads, lines)]
+
+
+@pytest.mark.slow
+def test_killed_worker_restarts_and_resumes_after_last_backup(start, tmp_path):
+    out, marker = tmp_path / "run", tmp_path / "killed-once"
+    code, stdout, stderr = start([
+        "-n", "2", "--max-restarts", "1", "--grace-period", "1", "--", "python", TRAIN,
+        str(out), "--epochs", "4", "--backup", "--kill-rank", "1", "--kill-epoch", "2",
+        "--marker", str(marker)]).wait(240)
+    assert code == 0, stdout[-3000:] + stderr[-3000:]
+    assert marker.exists() and "[1] worker 1 SIGKILLs itself in epoch 2" in stdout
+    assert "worker 1 (pid" in stderr and "was killed by SIGKILL" in stderr
+    # Epoch 1 was backed up before the kill; the restarted group (restart 1)
+    # resumed at epoch 2 and every epoch finished exactly once.
+    for rank in (0, 1):
+        assert history(out, rank) == [(0, 1), (1, 2), (1, 3), (1, 4)]
+    assert (out / "model.keras").exists()
+    assert "all 2 worker(s) succeeded" in stderr and "(1 restarts)" in stderr
+
+
+@pytest.mark.slow
+def test_killed_worker_without_restarts_is_the_named_root_cause(start, tmp_path):
+    out = tmp_path / "run"
+    code, stdout, stderr = start([
+        "-n", "2", "--grace-period", "1", "--", "python", TRAIN, str(out), "--epochs", "4",
+        "--backup", "--kill-rank", "1", "--kill-epoch", "2", "--marker",
+        str(tmp_path / "killed-once")]).wait(240)
+    assert code == 128 + signal.SIGKILL, stderr[-3000:]
+    summary = stderr[stderr.index("[launch] FAILED after 0 restart(s)"):]
+    assert "Root cause: worker 1 (pid" in summary and "was killed by SIGKILL" in summary
+    assert "  worker 1 SIGKILLs itself in epoch 2" in summary.split("output line(s) of worker 1:")[1]
+    assert history(out, 0) == [(0, 1)] and not (out / "model.keras").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_real_training_stops_every_worker(start, tmp_path):
+    out = tmp_path / "run"
+    launcher = start(["-n", "2", "--grace-period", "2", "--", "python", TRAIN, str(out),
+                      "--epochs", "500"])
+    wait_for(lambda: len(list(out.glob("history-*.jsonl"))) == 2, 150, "a finished epoch")
+    pids = [json.loads(p.read_text())["pid"] for p in out.glob("runtime-*.json")]
+    assert len(pids) == 2 and all(alive(p) for p in pids)
+    t0 = time.monotonic()
+    os.kill(launcher.proc.pid, signal.SIGINT)
+    rc, _, stderr = launcher.wait(60)
+    # TensorFlow workers ignore SIGTERM, so the stop takes the grace period, no more.
+    assert rc == 130 and time.monotonic() - t0 < 2 + 5, stderr[-2000:]
+    assert not [p for p in pids if alive(p)]
+    assert "stopped by SIGINT" in stderr

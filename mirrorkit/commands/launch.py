@@ -29,8 +29,9 @@ class _LauncherLog(logging.Handler):
               "Default: free ports, new ones on each restart.")
 @click.option("--gpus-per-worker", type=int, default=None, metavar="G",
               help="Give each worker its own G GPUs via CUDA_VISIBLE_DEVICES.")
-@click.option("--grace-period", type=float, default=5.0, show_default=True,
-              help="Seconds between SIGTERM and SIGKILL when stopping workers.")
+@click.option("--grace-period", type=float, default=3.0, show_default=True,
+              help="Seconds between SIGTERM and SIGKILL when stopping workers "
+              "(TensorFlow workers ignore SIGTERM, so every stop waits this long).")
 @click.option("--hosts", default=None, metavar="H1,H2,...",
               help="Multi-node: every node's HOST or HOST:PORT in node-rank order; "
               "run the same command on each node with its --node-rank.")
