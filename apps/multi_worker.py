@@ -162,9 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     import tensorflow as tf
 
     try:
-        model.fit(x_train, y_train, batch_size=global_batch, epochs=args.epochs,
-                  validation_data=(x_test, y_test), shuffle=args.shuffle,
-                  callbacks=callbacks, verbose=0)
+        history = model.fit(x_train, y_train, batch_size=global_batch, epochs=args.epochs,
+                            validation_data=(x_test, y_test), shuffle=args.shuffle,
+                            callbacks=callbacks, verbose=0)
         scores = model.evaluate(x_test, y_test, batch_size=global_batch,
                                 verbose=0, return_dict=True)
         predictions = model.predict(x_test, batch_size=global_batch, verbose=0)
@@ -188,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                  predictions=predictions, x_test=x_test,
                  loss=scores["loss"], accuracy=scores["accuracy"],
                  epochs_run=np.array(epochs_run, dtype="int64"),
+                 val_loss=np.array(history.history.get("val_loss", []), dtype="float64"),
                  is_chief=runtime.is_chief)
     return 0
 

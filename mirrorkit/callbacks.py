@@ -151,7 +151,12 @@ def _broadcast_from_chief(strategy: Any, values: list[Any]) -> list[Any]:
     """
     import tensorflow as tf
 
-    wire = [tf.cast(v, tf.float64) if not v.dtype.is_floating else v for v in values]
+    # Integers travel as float64 (exact below 2**53); one all-reduce per dtype
+    # because a packed all-reduce needs a single dtype.
+    wire = [v if v.dtype.is_floating else tf.cast(v, tf.float64) for v in values]
+    groups: dict[Any, list[int]] = {}
+    for i, t in enumerate(wire):
+        groups.setdefault(t.dtype, []).append(i)
 
     @tf.function
     def _step(tensors):
@@ -163,9 +168,12 @@ def _broadcast_from_chief(strategy: Any, values: list[Any]) -> list[Any]:
 
         return strategy.run(_replica_fn, args=(tensors,))
 
-    out = _step(wire)
-    local = [strategy.experimental_local_results(o)[0] for o in out]
-    return [tf.cast(x, v.dtype) for x, v in zip(local, values)]
+    out: list[Any] = [None] * len(values)
+    for indices in groups.values():
+        reduced = _step([wire[i] for i in indices])
+        for i, r in zip(indices, reduced):
+            out[i] = tf.cast(strategy.experimental_local_results(r)[0], values[i].dtype)
+    return out
 
 
 class BackupAndRestore(keras.callbacks.BackupAndRestore):
@@ -292,6 +300,8 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         self._chief = is_chief(strategy)
         if not self._chief and self._scratch is None:
             self._scratch = _Scratch("ckpt", self.filepath, _task_label(strategy))
+        if self._scratch is not None and not self._chief:
+            self._scratch.get()  # now, so a killed run's leftovers go at start
 
     def _get_file_path(self, epoch, batch, logs):
         path = super()._get_file_path(epoch, batch, logs)
