@@ -13,6 +13,7 @@ Example:
 from typing import Any
 
 from mirrorkit.cluster import ClusterSpec, build_tf_config, parse_tf_config
+from mirrorkit.compat import apply as fix_multi_worker
 from mirrorkit.data import (
     BatchSize,
     distribute_from_function,
@@ -38,9 +39,11 @@ __all__ = [
     "describe",
     "distribute_from_function",
     "eval_pipeline",
+    "fix_multi_worker",
     "get_strategy",
     "parse_tf_config",
     "resolve_batch",
+    "save_model",
     "scale_learning_rate",
     "scope",
     "select",
@@ -50,7 +53,8 @@ __all__ = [
 ]
 
 # Names whose module imports Keras (so TensorFlow); loaded on first access.
-_LAZY = {"WarmupSchedule": "mirrorkit.schedules", "scale_learning_rate": "mirrorkit.schedules"}
+_LAZY = {"WarmupSchedule": "mirrorkit.schedules", "scale_learning_rate": "mirrorkit.schedules",
+         "save_model": "mirrorkit.callbacks"}
 
 
 def __getattr__(name: str) -> Any:
