@@ -341,7 +341,8 @@ def configure_failure_detection(
       ``DeadlineExceededError`` after about ``peer_timeout`` (measured 7-10 s
       at the default 10 s).
     * A worker that never starts: the others fail at strategy creation after
-      ``join_timeout`` instead of TensorFlow's one hour.
+      ``join_timeout`` (TensorFlow alone was still waiting after 90 s; its
+      default registration timeout is an hour).
 
     The documented bound: a surviving worker whose ``fit`` is interrupted
     exits non-zero within ``peer_timeout + EXIT_MARGIN`` (10 + 10 = 20 s by

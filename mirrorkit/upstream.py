@@ -48,15 +48,32 @@ class KnownIssue:
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     KnownIssue(
         "keras#20585", "keras", "3.0", None,
-        "model.fit under MultiWorkerMirroredStrategy fails: the symbolic build "
-        "reduces a PerReplica batch, and scalar logs are reduced on axis 0.",
-        "mirrorkit.compat fixes both when a multi-worker strategy is created.",
+        "model.fit/evaluate under MultiWorkerMirroredStrategy fail: the symbolic "
+        "build reduces a PerReplica data batch ('Attempt to convert a value "
+        "(PerReplica').",
+        "compat fix 'symbolic-build' builds from the local batch; applied when a "
+        "multi-worker strategy is created (mirrorkit.fix_multi_worker() otherwise).",
+    ),
+    KnownIssue(
+        "tensorflow#72388", "keras", "3.0", None,
+        "under MultiWorkerMirroredStrategy Keras reduces scalar step logs on axis 0 "
+        "('Invalid reduction dimension 0 for input with 0 dimensions').",
+        "compat fix 'scalar-logs' reduces scalars with axis=None; applied with the "
+        "multi-worker strategy (mirrorkit.fix_multi_worker() otherwise).",
     ),
     KnownIssue(
         "keras-chief-saving", "keras", "3.0", None,
-        "BackupAndRestore/ModelCheckpoint have no chief logic: workers sharing "
-        "a path collide on HDF5 locks.",
-        "use mirrorkit.callbacks' chief-aware BackupAndRestore/ModelCheckpoint.",
+        "BackupAndRestore/ModelCheckpoint/TensorBoard have no chief logic: workers "
+        "sharing a path collide on HDF5 locks (BlockingIOError, then UnavailableError).",
+        "mirrorkit.callbacks' BackupAndRestore/ModelCheckpoint/TensorBoard and "
+        "save_model: only the chief writes the real path.",
+    ),
+    KnownIssue(
+        "tf-mwms-join-wait", "tensorflow", "2.0", None,
+        "a MultiWorkerMirroredStrategy worker waits for peers that never start "
+        "with no practical bound (still waiting after 90 s; TF's default is an hour).",
+        "get_strategy bounds the wait (MIRRORKIT_JOIN_TIMEOUT, default 300 s) and "
+        "peer-loss detection (MIRRORKIT_COLLECTIVE_TIMEOUT, default 10 s).",
     ),
     KnownIssue(
         "keras#19246", "keras", "3.0", None,
