@@ -474,6 +474,22 @@ def _parent_death_hook() -> Callable[[], None] | None:
     return hook
 
 
+def _final_text(line: str) -> str:
+    """What a terminal would finally show for one output line.
+
+    Keras redraws its progress bar with ``\\b`` and ``\\r`` (it treats every
+    POSIX process as a live display), so a piped epoch arrives as one line of
+    redraws; after a prefix those would overwrite the ``[rank]`` tag. Keep the
+    last redraw only.
+
+    Example:
+        >>> _final_text("1/8 loss: 2.3\\b\\b\\r8/8 loss: 2.1\\n")
+        '8/8 loss: 2.1'
+    """
+    line = line.rstrip("\r\n")
+    return line.rsplit("\r", 1)[-1].replace("\b", "")
+
+
 def _killpg(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)
@@ -523,7 +539,7 @@ class _Worker:
 
     def _pump(self, pipe: IO[bytes], out: IO[str], lock: threading.Lock, prefix: str) -> None:
         for raw in iter(pipe.readline, b""):
-            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            line = _final_text(raw.decode("utf-8", "replace"))
             self.tail.append(line)
             with lock:
                 try:

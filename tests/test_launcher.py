@@ -164,6 +164,14 @@ def test_visible_devices_are_disjoint_slices():
         visible_devices(1, 2, "0,1,2")
 
 
+def test_progress_bar_redraws_collapse_to_the_final_bar():
+    from mirrorkit.launcher import _final_text
+
+    keras_epoch = "1/8 ━━ 9s\b\b\b\b\r2/8 ━━━━ 1s\b\b\r8/8 ━━━━━━━━ 1s - loss: 2.30\n"
+    assert _final_text(keras_epoch) == "8/8 ━━━━━━━━ 1s - loss: 2.30"
+    assert _final_text("plain\r\n") == "plain" and _final_text("\n") == ""
+
+
 def test_result_summary_names_root_cause():
     from mirrorkit.launcher import WorkerFailure
 

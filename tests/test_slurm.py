@@ -259,7 +259,7 @@ def test_sbatch_example_is_valid_bash_and_runs_one_srun_step_per_attempt():
     text = path.read_text()
     assert text.startswith("#!/bin/bash\n") and "#SBATCH --ntasks-per-node=4" in text
     assert "MIRRORKIT_RESTART_COUNT=$attempt srun --kill-on-bad-exit=1" in text
-    assert "mirrorkit train" in text and "export MIRRORKIT_SLURM_GPUS_PER_TASK=1" in text
+    assert 'mirrorkit train --epochs 30 --output "$RUN_DIR" $RESUME' in text and "export MIRRORKIT_SLURM_GPUS_PER_TASK=1" in text
 
 
 # --- Kubernetes (Kubeflow TFJob) ----------------------------------------------
@@ -285,8 +285,9 @@ def test_tfjob_manifest_runs_mirrorkit_train_as_chief_and_workers():
     text = (REPO / "apps" / "k8s" / "tfjob.yaml").read_text()
     assert "kind: TFJob" in text and "apiVersion: kubeflow.org/v1" in text
     assert "    Chief:\n" in text and "    Worker:\n" in text
-    assert text.count("mirrorkit") >= 2 and text.count('- "train"') == 2
-    assert "replicas: 1" in text and "replicas: 2" in text and "restartPolicy: ExitCode" in text
+    assert text.count("exec mirrorkit train --epochs=30") == 2
+    assert "replicas: 1" in text and "replicas: 2" in text
+    assert text.count("restartPolicy: OnFailure") == 2 and "name: tensorflow" in text
 
 
 @pytest.mark.slow
