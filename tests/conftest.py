@@ -6,6 +6,7 @@ every multi-device case runs in a fresh interpreter through ``run_python``.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -60,3 +61,25 @@ def run_python(tmp_path):
         return proc
 
     return _run
+
+
+def result_line(stdout: str, tag: str = "RESULT ") -> dict:
+    """Parse the JSON a snippet printed after ``tag`` (the last such line)."""
+    lines = [x for x in stdout.splitlines() if x.startswith(tag)]
+    assert lines, f"no {tag.strip()} line in:\n{stdout}"
+    return json.loads(lines[-1][len(tag):])
+
+
+def run_snippet(code: str, directory: Path, *, env: dict[str, str] | None = None,
+                timeout: float = 300) -> tuple[dict, subprocess.CompletedProcess]:
+    """Run ``code`` as a script in a fresh interpreter; return (RESULT json, process).
+
+    The snippet reports by printing ``RESULT <json>``; a non-zero exit fails the test
+    with the snippet's output, so a broken feature shows its own error.
+    """
+    script = directory / "snippet.py"
+    script.write_text(textwrap.dedent(code))
+    proc = subprocess.run([sys.executable, str(script)], env=clean_env(**(env or {})),
+                          capture_output=True, text=True, timeout=timeout, cwd=str(directory))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return result_line(proc.stdout), proc

@@ -7,14 +7,10 @@ JSON, the tests below then check one by one.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
-from conftest import clean_env
+from conftest import run_snippet
 from mirrorkit.data import BatchSize, resolve_batch, shard_policy
 
 # --- batch math (pure) -------------------------------------------------------
@@ -201,13 +197,8 @@ print("RESULT " + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def found(tmp_path_factory):
-    script = tmp_path_factory.mktemp("data") / "pipelines.py"
-    script.write_text(textwrap.dedent(PIPELINES))
-    proc = subprocess.run([sys.executable, str(script)], env=clean_env(), capture_output=True,
-                          text=True, timeout=300, cwd=str(script.parent))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-    return {"result": json.loads(line[len("RESULT "):]), "stderr": proc.stderr}
+    result, proc = run_snippet(PIPELINES, tmp_path_factory.mktemp("data"))
+    return {"result": result, "stderr": proc.stderr}
 
 
 def test_replicas_default_to_the_current_strategy(found):

@@ -11,7 +11,6 @@ import ast
 import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest

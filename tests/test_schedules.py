@@ -6,14 +6,10 @@ tests check its JSON findings.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
-from conftest import clean_env
+from conftest import run_snippet
 
 SCHEDULES = r"""
 import json, os, sys, tempfile
@@ -85,13 +81,8 @@ print("RESULT " + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def found(tmp_path_factory):
-    script = tmp_path_factory.mktemp("schedules") / "schedules.py"
-    script.write_text(textwrap.dedent(SCHEDULES))
-    proc = subprocess.run([sys.executable, str(script)], env=clean_env(), capture_output=True,
-                          text=True, timeout=300, cwd=str(script.parent))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    result, proc = run_snippet(SCHEDULES, tmp_path_factory.mktemp("schedules"))
+    return result
 
 
 def test_schedules_load_lazily(found):

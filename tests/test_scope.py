@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
-from conftest import clean_env
+from conftest import run_snippet
 
 SCOPE = r"""
 import json, sys
@@ -97,14 +93,8 @@ print("RESULT " + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def found(tmp_path_factory):
-    script = tmp_path_factory.mktemp("scope") / "scope.py"
-    script.write_text(textwrap.dedent(SCOPE))
-    proc = subprocess.run([sys.executable, str(script)],
-                          env=clean_env(MIRRORKIT_SIMULATE_CPUS="2"), capture_output=True,
-                          text=True, timeout=300, cwd=str(script.parent))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    result, proc = run_snippet(SCOPE, tmp_path_factory.mktemp("scope"), env={"MIRRORKIT_SIMULATE_CPUS": "2"})
+    return result
 
 
 def test_scope_builds_mirrored_models_from_the_environment(found):
