@@ -51,7 +51,7 @@ def current_strategy() -> Any:
     # user did not ask to split.
     from mirrorkit import strategy as _strategy
 
-    return _strategy._STATE["strategy"] or tf.distribute.get_strategy()
+    return _strategy.created_strategy() or tf.distribute.get_strategy()
 
 
 @contextlib.contextmanager

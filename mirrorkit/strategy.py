@@ -324,6 +324,19 @@ def get_strategy(kind: str | None = None, *, simulate_cpus: int | None = None) -
     return strategy
 
 
+def created_strategy() -> Any | None:
+    """Return the strategy :func:`get_strategy` created in this process, or None.
+
+    Unlike :func:`get_strategy` it never creates one, so it is safe to call
+    from code that must not initialise TensorFlow devices.
+
+    Example:
+        >>> created_strategy() is None or hasattr(created_strategy(), "scope")
+        True
+    """
+    return _STATE["strategy"]
+
+
 def _strategy_name(strategy: Any) -> str:
     name = type(strategy).__name__
     if "MultiWorker" in name or "CollectiveAll" in name:
