@@ -45,7 +45,7 @@ LR_SCALINGS = ("linear", "sqrt", "none")
 # ``lr`` is the rate for a global batch of BASE_BATCH (the default per-replica
 # batch: on one device nothing is scaled); it is scaled to the real global batch.
 BASE_BATCH = 32
-DEFAULT_LR = {"sgd": 0.05, "momentum": 0.0125, "adam": 0.001}
+DEFAULT_LR = {"sgd": 0.05, "momentum": 0.0125, "adam": 0.002}
 DEFAULT_EPOCHS = 10
 DEFAULT_PER_REPLICA_BATCH = 32
 # What a finished or interrupted run leaves in its output directory.
@@ -81,7 +81,9 @@ class TrainConfig:
             the replicas); exclusive with ``per_replica_batch``.
         optimizer: ``sgd``, ``momentum`` (SGD, momentum 0.9) or ``adam`` (default).
         lr: learning rate for a global batch of 32 (:data:`BASE_BATCH`).
-            Defaults to 0.05 (sgd), 0.0125 (momentum) or 0.001 (adam).
+            Defaults to 0.05 (sgd), 0.0125 (momentum) or 0.002 (adam; twice
+            Keras's default, which the default digits run needs to reach 0.95
+            in a few epochs).
         lr_scaling: scale ``lr`` to the global batch: ``linear`` (default;
             Goyal et al. 2017), ``sqrt`` or ``none``.
         warmup_epochs: ramp the rate linearly over this many epochs, from the
@@ -303,6 +305,44 @@ def _check_steps_per_execution(config: TrainConfig, replicas: int) -> None:
             f"steps_per_execution={config.steps_per_execution}")
 
 
+def _evaluate_all(model: Any, data: Any, batch_size: int) -> dict[str, float]:
+    """Loss and accuracy on every validation example, on this process's first device.
+
+    A copy of the model outside the strategy sees all examples in plain
+    batches, exactly as ``keras.models.load_model("model.keras").evaluate``
+    will: no replica gets an empty slice and nothing is dropped. Every worker
+    computes the same numbers without collectives.
+    """
+    import keras
+    import tensorflow as tf
+
+    copy = keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    copy.compile(loss="sparse_categorical_crossentropy", metrics=["accuracy"], jit_compile=False)
+    ds = data.examples("val").batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    return copy.evaluate(ds, return_dict=True, verbose=0)
+
+
+def _eval_batch(pipelines: Any, batch: Any, data: Any) -> Any:
+    """The per-epoch validation batch: the global batch, or less for a small validation set.
+
+    Keras 3.15 ``evaluate`` under a MirroredStrategy all-reduces the first
+    batch to build the model symbolically (``_maybe_symbolic_build``), and
+    fails ("Inputs to operation AddN ... must have the same size and shape")
+    when that batch splits unevenly over the replicas, so a validation set
+    smaller than the global batch gets a smaller, whole batch.
+    """
+    if data.val_examples >= batch.global_batch:
+        return batch
+    per_replica = data.val_examples // batch.replicas
+    if per_replica < 1:
+        raise ValueError(
+            f"{data.name} has {data.val_examples} validation examples, fewer than the "
+            f"{batch.replicas} replicas, so some replica would get none. Received: "
+            f"val_examples={data.val_examples}")
+    return pipelines.resolve_batch(per_replica_batch=per_replica, replicas=batch.replicas)
+
+
 def _lr_text(config: TrainConfig, lr: float, global_batch: int, warmup_steps: int) -> str:
     text = f"{config.optimizer} {config.base_lr:g} for batch {BASE_BATCH}"
     if config.lr_scaling == "none" or global_batch == BASE_BATCH:
@@ -401,7 +441,16 @@ def train(config: TrainConfig | None = None, *, callbacks: Sequence[Any] = (),
         data.train, batch=batch, seed=config.seed, map_fn=data.map_fn,
         num_files=data.train_files,
     ).repeat()  # one endless stream; steps_per_epoch (from the global batch) ends epochs
-    val_ds = pipelines.eval_pipeline(data.val, batch=batch, map_fn=data.map_fn)
+    # Per-epoch validation runs under the strategy on whole batches only: a
+    # partial batch gives some replicas no example, and Keras 3.15 evaluate
+    # then fails in BatchNormalization (and in its symbolic build when the
+    # first batch is partial). The final, reported score uses every example
+    # (see _evaluate_all). Repeated with a fixed step count, so every worker
+    # runs the same number of validation steps.
+    val_batch = _eval_batch(pipelines, batch, data)
+    val_steps = data.val_examples // val_batch.global_batch
+    val_ds = pipelines.train_pipeline(data.val, batch=val_batch, shuffle=False,
+                                      map_fn=data.map_fn).repeat()
 
     reason = f" ({runtime.reason})" if runtime.reason else ""
     workers = f", {runtime.workers} workers" if runtime.is_multi_worker else ""
@@ -413,12 +462,14 @@ def train(config: TrainConfig | None = None, *, callbacks: Sequence[Any] = (),
         f"{'s' if runtime.replicas != 1 else ''}{workers}{reason}",
         f"batch     {batch.per_replica} per replica x {batch.replicas} = {batch.global_batch} "
         f"global; {steps} steps per epoch, {config.epochs} epochs",
+        f"val       per epoch on {val_steps * val_batch.global_batch:,} of {data.val_examples:,} "
+        f"images (whole batches of {val_batch.global_batch}); final score on all, one device",
         f"lr        {_lr_text(config, lr, batch.global_batch, warmup_steps)}",
         f"output    {out}{' (resuming from its backup)' if config.resume else ''}",
     ):
         tell(line)
 
-    from mirrorkit.callbacks import BackupAndRestore, TensorBoard
+    from mirrorkit.callbacks import BackupAndRestore, TensorBoard, save_model
 
     if chief:
         _make_output(out)
@@ -441,8 +492,9 @@ def train(config: TrainConfig | None = None, *, callbacks: Sequence[Any] = (),
     try:
         # shuffle=False: the pipeline already shuffles (Keras would only warn).
         history = model.fit(train_ds, epochs=config.epochs, steps_per_epoch=steps,
-                            validation_data=val_ds, callbacks=own + list(callbacks),
-                            verbose=1 if chief else 0, shuffle=False)
+                            validation_data=val_ds, validation_steps=val_steps,
+                            callbacks=own + list(callbacks), verbose=1 if chief else 0,
+                            shuffle=False)
     except NonFiniteLossError as err:
         kept = (f"the backup of epoch {err.last_good_epoch} in {out / 'backup'} is kept; "
                 f"continue with --resume after fixing the cause"
@@ -456,7 +508,7 @@ def train(config: TrainConfig | None = None, *, callbacks: Sequence[Any] = (),
              f"--resume --output {out}")
         raise
 
-    scores = model.evaluate(val_ds, return_dict=True, verbose=0)
+    scores = _evaluate_all(model, data, val_batch.global_batch)
     ips = meter.images_per_second
     metrics = {
         "val_accuracy": float(scores["accuracy"]),
@@ -493,8 +545,10 @@ def train(config: TrainConfig | None = None, *, callbacks: Sequence[Any] = (),
         "images_per_second_by_epoch": meter.rates,
         "wall_time_seconds": round(time.monotonic() - started, 3),
     }
+    # Every worker saves (reading mirrored variables can run collectives); only
+    # the chief's copy lands in the output directory.
+    save_model(model, out / "model.keras")
     if chief:
-        model.save(out / "model.keras")
         (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     written = ", ".join(n + ("/" if (out / n).is_dir() else "") for n in RUN_FILES
                         if (out / n).exists())
