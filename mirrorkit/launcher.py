@@ -514,11 +514,16 @@ class _Worker:
         self._log_lock = threading.Lock()
         if log_path is not None:
             self._log = open(log_path, "a", encoding="utf-8")
-        self.proc = subprocess.Popen(
-            argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, start_new_session=True,
-            preexec_fn=_parent_death_hook(),
-        )
+        try:
+            self.proc = subprocess.Popen(
+                argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, start_new_session=True,
+                preexec_fn=_parent_death_hook(),
+            )
+        except BaseException:
+            if self._log is not None:
+                self._log.close()
+            raise
         self.state = WorkerState.HEALTHY
         if self._log is not None:
             self._log.write(f"===== mirrorkit launch: attempt {restart + 1} (restart {restart}), "
@@ -549,8 +554,9 @@ class _Worker:
                     # The launcher's own output is gone (closed pipe): keep
                     # draining so the worker never blocks on a full pipe.
                     pass
-            if self._log is not None:
-                with self._log_lock:
+            with self._log_lock:
+                # Checked under the lock: drain() may have closed the file.
+                if self._log is not None:
                     self._log.write(line + "\n")
                     self._log.flush()
         pipe.close()
@@ -596,6 +602,7 @@ class _Group:
                  streams: tuple[IO[str], IO[str]], wake: threading.Event) -> None:
         self.restart = restart
         self.workers: list[_Worker] = []
+        self._stopped = False
         fixed = spec.fixed_ports()
         ports = fixed if fixed is not None else _free_ports(spec.nproc)
         if fixed is not None:
@@ -642,7 +649,14 @@ class _Group:
         return min(failed, key=lambda w: w.exit_time or 0.0).failure()
 
     def stop(self, grace: float, urgent: Callable[[], bool] = lambda: False) -> None:
-        """SIGTERM every running worker's group, SIGKILL after ``grace``; reap all."""
+        """SIGTERM every running worker's group, SIGKILL after ``grace``; reap all.
+
+        Idempotent: a second call must not signal process groups whose ids
+        the system may have handed out again.
+        """
+        if self._stopped:
+            return
+        self._stopped = True
         alive = [w for w in self.workers if not w.exited.is_set()]
         for worker in alive:
             worker.stopping = True

@@ -52,8 +52,8 @@ def launch(nproc: int | None, max_restarts: int, log_dir: str | None, port: int 
 
     \b
     Examples:
-      mirrorkit launch -n 2 -- python apps/multi_worker.py --epochs 3
-      mirrorkit launch -n 2 --max-restarts 3 --log-dir logs -- mirrorkit train --epochs 3
+      mirrorkit launch -n 2 -- mirrorkit train --epochs 3
+      mirrorkit launch -n 2 --max-restarts 3 --log-dir logs -- python apps/multi_worker.py --output out
       # two machines, 2 workers each (run on both, --node-rank 0 and 1):
       mirrorkit launch -n 2 --hosts node1,node2 --port 23456 --node-rank 0 -- python train.py
     """
