@@ -186,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
                  initial=np.concatenate([w.ravel() for w in initial]),
                  weights=np.concatenate([w.numpy().ravel() for w in model.weights]),
                  predictions=predictions, x_test=x_test,
+                 # This process alone, same weights, no distribution: what
+                 # predict must equal (every example once, in order).
+                 local_predictions=model(x_test, training=False).numpy(),
                  loss=scores["loss"], accuracy=scores["accuracy"],
                  epochs_run=np.array(epochs_run, dtype="int64"),
                  val_loss=np.array(history.history.get("val_loss", []), dtype="float64"),

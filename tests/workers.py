@@ -45,6 +45,8 @@ class WorkerResult:
         stdout: everything it printed.
         stderr: everything it logged.
         elapsed: seconds from the group's start to this worker's exit.
+        ended_at: ``time.monotonic()`` when its exit was seen (-1 if running);
+            compare with the value :meth:`WorkerGroup.kill` returns.
     """
 
     index: int
@@ -52,6 +54,7 @@ class WorkerResult:
     stdout: str
     stderr: str
     elapsed: float
+    ended_at: float = -1.0
 
 
 class WorkerGroup:
@@ -197,6 +200,7 @@ class WorkerGroup:
                 stdout=fout.read_text(errors="replace"),
                 stderr=ferr.read_text(errors="replace"),
                 elapsed=self._ended.get(i, -1.0),
+                ended_at=self._t0 + self._ended[i] if i in self._ended else -1.0,
             ))
         return out
 
