@@ -1,0 +1,298 @@
+"""Run every mirrorkit benchmark and report ratios (see benchmarks/RESULTS.md).
+
+Sections (each figure is a median over fresh processes; A and B alternate, and
+the order flips every round, so drifting machine load hits both sides):
+
+* ``compare``    -- training images/s: mirrorkit (``mirrorkit_side.py``) vs the
+  hand-written tutorial code (``baseline_keras.py``); ratio mirrorkit / baseline.
+* ``pipeline``   -- images/s mirrorkit's default training pipeline produces with
+  no model attached, vs the images/s training consumes; ratio produce / consume.
+* ``startup``    -- ``mirrorkit --help`` wall time / ``python -c "import tensorflow"``.
+* ``multiworker`` -- step time of 2 loopback workers / 1 worker at equal
+  per-worker batch, each worker pinned to its own core with one thread, so the
+  ratio isolates the all-reduce and synchronisation cost.
+
+Example:
+    python benchmarks/run.py                       # everything, 3 runs per side
+    python benchmarks/run.py --sections startup --runs 7
+    python benchmarks/run.py --quick               # smoke test: tiny settings
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+HERE = Path(__file__).resolve().parent
+PY = sys.executable
+RESULT = "RESULT "
+SECTIONS = ("compare", "pipeline", "startup", "multiworker")
+
+# (model, dataset, per-replica batch): the cases issue 7 asks for.
+CASES = (("cnn", "digits", 32), ("resnet20", "synthetic", 32))
+REPLICAS = (1, 2)
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("MIRRORKIT_") and k != "TF_CONFIG"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    return env
+
+
+def _load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def _run_script(args: Sequence[str], timeout: float = 1800) -> dict[str, Any]:
+    """Run one benchmark script in a fresh interpreter; return its RESULT json."""
+    proc = subprocess.run([PY, *map(str, args)], capture_output=True, text=True,
+                          env=_env(), timeout=timeout)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT):
+            return json.loads(line[len(RESULT):])
+    raise RuntimeError(f"{' '.join(map(str, args))} failed ({proc.returncode}):\n"
+                       f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+
+
+def _alternate(runs: int, a: Callable[[], Any], b: Callable[[], Any],
+               log: Callable[[str], None]) -> tuple[list[Any], list[Any]]:
+    """Run a and b ``runs`` times each: AB, BA, AB, ... (cancels drift in load)."""
+    out_a, out_b = [], []
+    for i in range(runs):
+        order = ((out_a, a, "A"), (out_b, b, "B"))
+        for sink, fn, name in (order if i % 2 == 0 else order[::-1]):
+            load = _load()
+            value = fn()
+            sink.append(value)
+            log(f"    run {i + 1} {name}: {value if not isinstance(value, dict) else value.get('images_per_sec')} (load {load})")
+    return out_a, out_b
+
+
+def _median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+# --------------------------------------------------------------------------
+# sections
+# --------------------------------------------------------------------------
+
+def startup(runs: int, log: Callable[[str], None]) -> dict[str, Any]:
+    """``mirrorkit --help`` wall time / ``python -c "import tensorflow"`` wall time."""
+    exe = shutil.which("mirrorkit", path=str(Path(PY).parent)) or "mirrorkit"
+    help_cmd = [exe, "--help"]
+    tf_cmd = [PY, "-c", "import tensorflow"]
+
+    def timed(cmd: list[str]) -> Callable[[], float]:
+        def run() -> float:
+            t0 = time.perf_counter()
+            subprocess.run(cmd, capture_output=True, env=_env(), check=True)
+            return round(time.perf_counter() - t0, 4)
+        return run
+
+    log("startup: mirrorkit --help vs python -c 'import tensorflow'")
+    help_s, tf_s = _alternate(runs, timed(help_cmd), timed(tf_cmd), log)
+    ratio = _median(help_s) / _median(tf_s)
+    return {"help_s": help_s, "import_tf_s": tf_s, "median_help_s": _median(help_s),
+            "median_import_tf_s": _median(tf_s), "ratio": round(ratio, 4),
+            "target": "<= 0.15",
+            "command": f"{' '.join(help_cmd)}  vs  {' '.join(tf_cmd)}"}
+
+
+def compare(runs: int, epochs: int, cases: Sequence[tuple[str, str, int]],
+            replicas: Sequence[int], log: Callable[[str], None],
+            extra: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Training images/s, mirrorkit vs the tutorial baseline, for every case x replicas."""
+    rows = []
+    for model, dataset, batch in cases:
+        for n in replicas:
+            args = ["--model", model, "--dataset", dataset, "--replicas", str(n),
+                    "--per-replica-batch", str(batch), "--epochs", str(epochs),
+                    "--seed", "0", *extra]
+            log(f"compare: {model} on {dataset}, {n} replica(s), per-replica batch {batch}")
+            base, mk = _alternate(runs, lambda: _run_script([HERE / "baseline_keras.py", *args]),
+                                  lambda: _run_script([HERE / "mirrorkit_side.py", *args]), log)
+            b = _median([r["images_per_sec"] for r in base])
+            m = _median([r["images_per_sec"] for r in mk])
+            rows.append({
+                "model": model, "dataset": dataset, "replicas": n, "per_replica_batch": batch,
+                "global_batch": batch * n, "epochs": epochs,
+                "baseline_ips": [r["images_per_sec"] for r in base],
+                "mirrorkit_ips": [r["images_per_sec"] for r in mk],
+                "median_baseline_ips": round(b, 1), "median_mirrorkit_ips": round(m, 1),
+                "ratio": round(m / b, 3), "target": ">= 1.0",
+                "mirrorkit_details": mk[-1], "baseline_details": base[-1],
+                "command": "python benchmarks/{baseline_keras,mirrorkit_side}.py " + " ".join(args),
+            })
+            log(f"  -> baseline {b:.1f} img/s, mirrorkit {m:.1f} img/s, ratio {m / b:.3f}")
+    return rows
+
+
+def pipeline(runs: int, cases: Sequence[tuple[str, str, int]], replicas: int,
+             consumption: dict[tuple[str, str, int], float] | None,
+             log: Callable[[str], None], batches: int = 300) -> list[dict[str, Any]]:
+    """Images/s of the default training pipeline alone vs training consumption."""
+    rows = []
+    for model, dataset, batch in cases:
+        args = ["--dataset", dataset, "--replicas", str(replicas),
+                "--per-replica-batch", str(batch), "--batches", str(batches)]
+        log(f"pipeline: {dataset}, global batch {batch * replicas}")
+        produced = [_run_script([HERE / "pipeline.py", *args]) for _ in range(runs)]
+        for i, r in enumerate(produced):
+            log(f"    run {i + 1}: {r['images_per_sec']:.0f} img/s")
+        p = _median([r["images_per_sec"] for r in produced])
+        consume = (consumption or {}).get((model, dataset, replicas))
+        rows.append({
+            "dataset": dataset, "model": model, "replicas": replicas,
+            "global_batch": batch * replicas, "pipeline_ips": [r["images_per_sec"] for r in produced],
+            "median_pipeline_ips": round(p, 1),
+            "training_ips": None if consume is None else round(consume, 1),
+            "ratio": None if not consume else round(p / consume, 2), "target": ">= 3",
+            "command": "python benchmarks/pipeline.py " + " ".join(args),
+        })
+        if consume:
+            log(f"  -> pipeline {p:.0f} img/s, training {consume:.0f} img/s, ratio {p / consume:.1f}")
+    return rows
+
+
+def multiworker(runs: int, model: str, dataset: str, batch: int, steps: int,
+                log: Callable[[str], None]) -> dict[str, Any]:
+    """Step time of 2 loopback workers / 1 worker, equal per-worker batch and compute."""
+    sys.path.insert(0, str(HERE.parent))
+    from mirrorkit.bench import BenchConfig, run_bench
+
+    def one(workers: tuple[int, ...]) -> Callable[[], dict[str, Any]]:
+        config = BenchConfig(model=model, dataset=dataset, replicas=(1,), workers=workers,
+                             steps=steps, warmup_steps=10, per_replica_batch=batch,
+                             threads=1, pin_cpus=True)
+
+        def run() -> dict[str, Any]:
+            report = run_bench(config)
+            if report.failed:
+                raise RuntimeError(report.failed[0].error)
+            row = report.rows[-1]
+            return {"images_per_sec": row.images_per_sec, "step_time_ms": row.step_time_ms,
+                    "workers": row.workers}
+        return run
+
+    log(f"multiworker: {model} on {dataset}, per-worker batch {batch}, 1 vs 2 workers")
+    single, double = _alternate(runs, one((1,)), one((2,)), log)
+    s1 = _median([r["step_time_ms"] for r in single])
+    s2 = _median([r["step_time_ms"] for r in double])
+    return {
+        "model": model, "dataset": dataset, "per_worker_batch": batch, "steps": steps,
+        "step_ms_1_worker": [r["step_time_ms"] for r in single],
+        "step_ms_2_workers": [r["step_time_ms"] for r in double],
+        "median_step_ms_1_worker": s1, "median_step_ms_2_workers": s2,
+        "ratio": round(s2 / s1, 3), "target": "<= 1.3",
+        "command": (f"mirrorkit.bench.run_bench(BenchConfig(model={model!r}, dataset={dataset!r}, "
+                    f"workers=(1,) vs (2,), per_replica_batch={batch}, steps={steps}, "
+                    "threads=1, pin_cpus=True))"),
+    }
+
+
+# --------------------------------------------------------------------------
+
+def _machine() -> dict[str, Any]:
+    sys.path.insert(0, str(HERE.parent))
+    from mirrorkit.bench import machine_info
+
+    return machine_info()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the chosen sections and write a JSON record of every figure.
+
+    Example:
+        python benchmarks/run.py --sections compare,pipeline --runs 3
+    """
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated subset of {', '.join(SECTIONS)}")
+    parser.add_argument("--runs", type=int, default=3, help="fresh processes per side (>= 3)")
+    parser.add_argument("--epochs", type=int, default=4,
+                        help="epochs per training run; epoch 1 is warm-up and not timed")
+    parser.add_argument("--cases", default=None,
+                        help="model:dataset:batch;... (default: cnn:digits:32;resnet20:synthetic:32)")
+    parser.add_argument("--replicas", default="1,2")
+    parser.add_argument("--mw-steps", type=int, default=60)
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke test: 1 run, 2 epochs, few steps (numbers meaningless)")
+    parser.add_argument("--output", default=str(HERE / "results.json"))
+    opts = parser.parse_args(argv)
+    sections = [s.strip() for s in opts.sections.split(",") if s.strip()]
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}; accepted: {', '.join(SECTIONS)}")
+    cases = CASES
+    if opts.cases:
+        cases = tuple((m, d, int(b)) for m, d, b in (c.split(":") for c in opts.cases.split(";")))
+    replicas = tuple(int(r) for r in opts.replicas.split(","))
+    runs, epochs, mw_steps = opts.runs, opts.epochs, opts.mw_steps
+    extra: list[str] = []
+    if opts.quick:
+        runs, epochs, mw_steps = 1, 2, 10
+        extra = ["--limit", "256"]
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    record: dict[str, Any] = {"machine": _machine(), "runs": runs, "epochs": epochs,
+                              "argv": list(argv if argv is not None else sys.argv[1:])}
+    started = time.time()
+    if "startup" in sections:
+        record["startup"] = startup(max(runs, 5) if not opts.quick else 1, log)
+    if "compare" in sections:
+        record["compare"] = compare(runs, epochs, cases, replicas, log, extra)
+    if "pipeline" in sections:
+        consumption = {(r["model"], r["dataset"], r["replicas"]): r["median_mirrorkit_ips"]
+                       for r in record.get("compare", [])}
+        record["pipeline"] = pipeline(runs, cases, 1, consumption, log,
+                                      batches=50 if opts.quick else 300)
+    if "multiworker" in sections:
+        model, dataset, batch = cases[0]
+        record["multiworker"] = multiworker(runs, model, dataset, batch, mw_steps, log)
+    record["wall_s"] = round(time.time() - started, 1)
+    record["load_average_end"] = list(os.getloadavg())
+    Path(opts.output).write_text(json.dumps(record, indent=2) + "\n")
+    log(f"wrote {opts.output}")
+    log(summary(record))
+    return 0
+
+
+def summary(record: dict[str, Any]) -> str:
+    """Markdown table of every ratio in ``record`` (for RESULTS.md)."""
+    lines = ["| figure | A | B | ratio | target |", "|---|---|---|---|---|"]
+    for r in record.get("compare", []):
+        lines.append(f"| {r['model']} on {r['dataset']}, {r['replicas']} replica(s), global batch "
+                     f"{r['global_batch']}: training img/s | baseline {r['median_baseline_ips']} | "
+                     f"mirrorkit {r['median_mirrorkit_ips']} | **{r['ratio']}** | {r['target']} |")
+    for r in record.get("pipeline", []):
+        lines.append(f"| {r['dataset']} pipeline img/s vs {r['model']} training img/s "
+                     f"(global batch {r['global_batch']}) | pipeline {r['median_pipeline_ips']} | "
+                     f"training {r['training_ips']} | **{r['ratio']}** | {r['target']} |")
+    if "startup" in record:
+        r = record["startup"]
+        lines.append(f"| `mirrorkit --help` / `import tensorflow` wall time | "
+                     f"{r['median_help_s']:.3f} s | {r['median_import_tf_s']:.3f} s | "
+                     f"**{r['ratio']}** | {r['target']} |")
+    if "multiworker" in record:
+        r = record["multiworker"]
+        lines.append(f"| step time 2 workers / 1 worker ({r['model']}, per-worker batch "
+                     f"{r['per_worker_batch']}) | {r['median_step_ms_1_worker']} ms | "
+                     f"{r['median_step_ms_2_workers']} ms | **{r['ratio']}** | {r['target']} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
