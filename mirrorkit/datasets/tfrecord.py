@@ -259,7 +259,8 @@ def export_tfrecords(data: ImageData, output_dir: str | Path, *, shards: int = 4
     }
 
     def encode(image: Any, label: Any) -> tuple[Any, Any]:
-        pixels = tf.image.convert_image_dtype(image, tf.uint8, saturate=True)
+        # Round to the nearest 8-bit value (convert_image_dtype truncates).
+        pixels = tf.cast(tf.round(tf.clip_by_value(image, 0.0, 1.0) * 255.0), tf.uint8)
         return tf.io.encode_png(pixels), label
 
     for split in ("train", "val"):
