@@ -27,9 +27,10 @@ command on each, only ``--index`` differs:
 
 ``--output`` receives (chief only) ``backup/`` (deleted when training
 completes), ``checkpoints/best.keras``, ``logs/`` (TensorBoard, when the
-``tensorboard`` package is installed) and ``model.keras``. If a worker dies, the others stop within about
-MIRRORKIT_COLLECTIVE_TIMEOUT (default 10) seconds; start all workers again
-with the same command and training resumes after the last completed epoch.
+``tensorboard`` package is installed) and ``model.keras``. If a worker dies,
+the others stop within MIRRORKIT_COLLECTIVE_TIMEOUT + 10 seconds (default
+10 + 10); start all workers again with the same command and training resumes
+after the last completed epoch.
 
 Example:
     $ python apps/multi_worker.py --epochs 2 --per-replica-batch 16 --output /tmp/out

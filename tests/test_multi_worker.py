@@ -96,8 +96,8 @@ def _reload(tmp_path, **paths):
     """Load saved models in a fresh single process; predict and evaluate the test split."""
     dest = str(tmp_path / "reloaded.npz")
     script = tmp_path / "reload.py"
-    script.write_text(_RELOAD.format(apps=str(REPO / "apps"), paths={k: str(v) for k, v in paths.items()},
-                                     dest=dest))
+    script.write_text(_RELOAD.format(apps=str(REPO / "apps"), dest=dest,
+                                     paths={k: str(v) for k, v in paths.items()}))
     proc = subprocess.run([sys.executable, str(script)], env=clean_env(), cwd=str(tmp_path),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
