@@ -298,9 +298,9 @@ def _first(env: Mapping[str, str], *names: str) -> str | None:
 
 
 def _node_index(env: Mapping[str, str], hosts: list[str]) -> int:
-    # SLURMD_NODENAME is this node's name as the node list spells it; it stays
-    # right when a step runs on a subset of the job's nodes, where the
-    # job-relative SLURM_NODEID would point at the wrong entry.
+    # SLURMD_NODENAME is this node's name as the node list spells it, so it is
+    # right for a step on a subset of the job's nodes whatever SLURM_NODEID
+    # counts from (the job's first node or the step's).
     name = env.get("SLURMD_NODENAME")
     if name and name in hosts:
         if hosts.count(name) > 1:

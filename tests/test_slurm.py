@@ -114,8 +114,8 @@ def test_every_task_of_a_multi_node_step_agrees_and_owns_its_address():
     assert [t.cluster.is_chief for t in tasks] == [True, False, False, False, False]
 
 
-def test_node_name_beats_job_relative_node_id():
-    # A step on nodes 3-4 of a bigger job: SLURM_NODEID counts from the job's first node.
+def test_node_name_beats_node_id():
+    # A step on nodes 3-4 of a bigger job, with a job-relative SLURM_NODEID.
     env = step_env(1, nodelist="n[3-4]", per_node="1(x2)", nodeid=3, localid=0,
                    SLURMD_NODENAME="n4")
     assert slurm.from_env(env, port_base=7000).cluster.task_index == 1
