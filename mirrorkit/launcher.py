@@ -81,6 +81,12 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _check_int(name: str, value: Any, minimum: int, *, flag: str = "", hint: str = "") -> None:
+    if not _is_int(value) or value < minimum:
+        kind = "a positive integer" if minimum == 1 else "a non-negative integer"
+        raise ValueError(f"`{name}`{flag} must be {kind}{hint}. Received: {name}={value!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class LaunchSpec:
     """What to launch: the command, how many workers, restarts, ports, devices.
@@ -153,39 +159,24 @@ class LaunchSpec:
                 "`command` must name the program every worker runs, e.g. "
                 f"'mirrorkit launch -n 2 -- python train.py'. Received: command={self.command!r}"
             )
-        if not _is_int(self.nproc) or self.nproc < 1:
-            raise ValueError(
-                "`nproc` (-n) must be a positive integer: the number of workers "
-                f"to start. Received: nproc={self.nproc!r}"
-            )
-        if not _is_int(self.max_restarts) or self.max_restarts < 0:
-            raise ValueError(
-                "`max_restarts` must be a non-negative integer. "
-                f"Received: max_restarts={self.max_restarts!r}"
-            )
+        _check_int("nproc", self.nproc, 1, flag=" (-n)",
+                   hint=": the number of workers to start")
+        _check_int("max_restarts", self.max_restarts, 0)
         if self.port is not None and (not _is_int(self.port) or not
                                       1 <= self.port <= 65536 - self.nproc):
             raise ValueError(
                 f"`port` must leave room for {self.nproc} consecutive ports within "
                 f"1..65535. Received: port={self.port!r}"
             )
-        if self.gpus_per_worker is not None and (
-                not _is_int(self.gpus_per_worker) or self.gpus_per_worker < 1):
-            raise ValueError(
-                "`gpus_per_worker` must be a positive integer. "
-                f"Received: gpus_per_worker={self.gpus_per_worker!r}"
-            )
+        if self.gpus_per_worker is not None:
+            _check_int("gpus_per_worker", self.gpus_per_worker, 1)
         if isinstance(self.grace_period, bool) or not isinstance(
                 self.grace_period, (int, float)) or not self.grace_period >= 0:
             raise ValueError(
                 "`grace_period` must be a non-negative number of seconds. "
                 f"Received: grace_period={self.grace_period!r}"
             )
-        if not _is_int(self.node_rank) or self.node_rank < 0:
-            raise ValueError(
-                "`node_rank` must be a non-negative integer. "
-                f"Received: node_rank={self.node_rank!r}"
-            )
+        _check_int("node_rank", self.node_rank, 0)
         if self.hosts is None:
             if self.node_rank != 0:
                 raise ValueError(
