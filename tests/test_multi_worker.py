@@ -219,7 +219,7 @@ def test_dead_peer_fails_the_survivor_within_the_bound(tmp_path, victim):
     survivor = 1 - victim
     args = _args(tmp_path / "out", tmp_path / "res", per_replica=16, epochs=100)
     with _start(tmp_path, 2, args, MIRRORKIT_COLLECTIVE_TIMEOUT=str(PEER_TIMEOUT)) as group:
-        group.wait_for_output(0, "epoch 2/100", timeout=180)
+        group.wait_for_output(0, "epoch 1/100", timeout=180)
         time.sleep(0.3)  # mid-epoch
         killed_at = group.kill(victim)
         results = group.wait(timeout=bound + 30, indices=[survivor])
