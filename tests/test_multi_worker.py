@@ -16,6 +16,8 @@ grouped per run to keep the suite short:
   and matches an uninterrupted run.
 * Dead peer: SIGKILL one worker mid-epoch; the other exits non-zero with a
   clear message within the documented bound.
+* Missing peer: a worker that never starts fails the other at start-up
+  within MIRRORKIT_JOIN_TIMEOUT, naming the missing task.
 """
 
 from __future__ import annotations
@@ -232,3 +234,18 @@ def test_dead_peer_fails_the_survivor_within_the_bound(tmp_path, victim):
     assert took < bound, report
     messages = [ln for ln in result.stderr.splitlines() if "lost a peer worker" in ln]
     assert len(messages) == 1 and "resume" in messages[0], report
+
+
+def test_worker_that_never_starts_fails_the_others_within_join_timeout(tmp_path):
+    # Worker 1 of 2 is never started: worker 0 must not wait TF's hour.
+    join = 4.0
+    with WorkerGroup(APP, 2, args=_args(tmp_path / "out", tmp_path / "res", per_replica=16),
+                     cwd=tmp_path, env={"MIRRORKIT_JOIN_TIMEOUT": str(join)}) as group:
+        group.kill(1)  # gone before it could import anything
+        results = group.wait(timeout=join + 60, indices=[0])
+        report = group.report()
+    result = results[0]
+    assert result.returncode not in (0, -999), report
+    assert "Cannot form the multi-worker cluster" in result.stderr, report
+    assert "/job:worker/replica:0/task:1" in result.stderr and "MIRRORKIT_JOIN_TIMEOUT" in result.stderr
+    print(f"\nmissing worker: worker 0 exited after {result.elapsed:.1f}s (join timeout {join:.0f}s)")
