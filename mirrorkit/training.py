@@ -319,7 +319,10 @@ def _evaluate_all(model: Any, data: Any, batch_size: int) -> dict[str, float]:
     copy = keras.models.clone_model(model)
     copy.set_weights(model.get_weights())
     copy.compile(loss="sparse_categorical_crossentropy", metrics=["accuracy"], jit_compile=False)
-    ds = data.examples("val").batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    # A known size (TFRecord/TFDS sources have none) keeps Keras from warning
+    # "Your input ran out of data" at the natural end of the data.
+    ds = data.examples("val").apply(tf.data.experimental.assert_cardinality(data.val_examples))
+    ds = ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
     return copy.evaluate(ds, return_dict=True, verbose=0)
 
 
