@@ -31,10 +31,14 @@ __version__ = "0.1.0"
 __all__ = [
     "BatchSize",
     "ClusterSpec",
+    "DataOptions",
     "Runtime",
+    "TrainConfig",
+    "TrainResult",
     "WarmupSchedule",
     "__version__",
     "build",
+    "build_model",
     "build_tf_config",
     "describe",
     "distribute_from_function",
@@ -49,12 +53,17 @@ __all__ = [
     "select",
     "shard_policy",
     "sync_batch_norm",
+    "train",
     "train_pipeline",
 ]
 
 # Names whose module imports Keras (so TensorFlow); loaded on first access.
 _LAZY = {"WarmupSchedule": "mirrorkit.schedules", "scale_learning_rate": "mirrorkit.schedules",
-         "save_model": "mirrorkit.callbacks"}
+         "save_model": "mirrorkit.callbacks",
+         # The `mirrorkit train` job as a library (issue 6).
+         "TrainConfig": "mirrorkit.training", "TrainResult": "mirrorkit.training",
+         "train": "mirrorkit.training", "DataOptions": "mirrorkit.datasets",
+         "build_model": "mirrorkit.models"}
 
 
 def __getattr__(name: str) -> Any:

@@ -558,6 +558,11 @@ def train(config: TrainConfig | None = None, *, callbacks: Sequence[Any] = (),
     tell(f"val_accuracy={metrics['val_accuracy']:.4f} val_loss={metrics['val_loss']:.4f} "
          f"after {config.epochs} epochs in {metrics['wall_time_seconds']:.1f}s; wrote {out}/ "
          f"({written})")
+    if warmup_steps and chief:
+        # The saved optimizer holds a WarmupSchedule, which Keras can only
+        # deserialize once mirrorkit has registered it.
+        tell("note: import mirrorkit.schedules before keras.models.load_model of this "
+             "model.keras (its optimizer uses mirrorkit's WarmupSchedule)")
     return TrainResult(
         val_accuracy=metrics["val_accuracy"], val_loss=metrics["val_loss"],
         epochs=config.epochs, epochs_run=metrics["epochs_run"], images_per_second=ips,
