@@ -20,7 +20,12 @@ from mirrorkit.training import DEFAULT_EPOCHS, TrainConfig, train
 
 
 def main(argv: list[str] | None = None) -> float:
-    """Train with the defaults (optionally fewer epochs / another output); return val accuracy."""
+    """Train with the defaults (optionally fewer epochs / another output); return val accuracy.
+
+    Example:
+        >>> main(["--epochs", "3", "--output", "runs/quick"])   # doctest: +SKIP
+        0.97...
+    """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS)
     parser.add_argument("--output", default=None, help="default: a new runs/ folder")

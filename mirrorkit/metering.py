@@ -110,6 +110,10 @@ class NonFiniteLossError(RuntimeError):
         step: 1-based step within that epoch.
         value: the loss value seen (``nan``, ``inf`` or ``-inf``).
         last_good_epoch: the last epoch that finished with a finite loss (0 if none).
+
+    Example:
+        >>> str(NonFiniteLossError(epoch=2, step=3, value=float("nan"), last_good_epoch=1))
+        'the loss became nan at epoch 2, step 3'
     """
 
     def __init__(self, epoch: int, step: int, value: float, last_good_epoch: int) -> None:

@@ -47,6 +47,10 @@ class ModelSpec:
         name: the ``--model`` name.
         description: one line for help and summaries.
         min_size: smallest image height/width it accepts.
+
+    Example:
+        >>> MODELS["mobilenet_v2"].min_size
+        32
     """
 
     name: str

@@ -70,7 +70,15 @@ def data_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def build_data_options(kwargs: dict[str, Any]) -> Any:
-    """Pop the :func:`data_options` values from ``kwargs`` into a ``DataOptions``."""
+    """Pop the :func:`data_options` values from ``kwargs`` into a ``DataOptions``.
+
+    Example:
+        >>> kwargs = dict(image_size="16", channels="3", classes=10, examples=64, data_dir=None,
+        ...               download=False, train_split="train", val_split=None,
+        ...               val_fraction=0.2, val_files=None, model="cnn")
+        >>> build_data_options(kwargs).image_size, kwargs
+        ((16, 16), {'model': 'cnn'})
+    """
     from mirrorkit.datasets import DataOptions
 
     values = {name: kwargs.pop(name) for name in _DATA_OPTIONS}

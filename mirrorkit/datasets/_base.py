@@ -16,7 +16,12 @@ SPLIT_SEED = 0
 
 
 def check_positive_int(name: str, value: Any) -> int:
-    """Return ``value`` as an int, or raise the Keras-style ValueError."""
+    """Return ``value`` as an int, or raise the Keras-style ValueError.
+
+    Example:
+        >>> check_positive_int("shards", 4)
+        4
+    """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
     return int(value)
@@ -222,7 +227,15 @@ def stratified_split(labels: Any, fraction: float, seed: int = SPLIT_SEED) -> tu
 
 def convert_fn(image_size: tuple[int, int] | None, channels: int | None,
                source_channels: int) -> Callable[..., Any] | None:
-    """A ``map_fn`` resizing float images and converting their channels, or None."""
+    """A ``map_fn`` resizing float images and converting their channels, or None.
+
+    Example:
+        >>> convert_fn(None, None, 1) is None
+        True
+        >>> image, _ = convert_fn((4, 4), 3, 1)(tf.zeros((8, 8, 1)), 0)  # doctest: +SKIP
+        >>> tuple(image.shape)                                          # doctest: +SKIP
+        (4, 4, 3)
+    """
     if image_size is None and (channels is None or channels == source_channels):
         return None
 
@@ -238,7 +251,14 @@ def convert_fn(image_size: tuple[int, int] | None, channels: int | None,
 
 
 def decode_fn(image_size: tuple[int, int], channels: int) -> Callable[..., Any]:
-    """A ``map_fn`` decoding PNG/JPEG/BMP/GIF bytes to float32 ``image_size x channels``."""
+    """A ``map_fn`` decoding PNG/JPEG/BMP/GIF bytes to float32 ``image_size x channels``.
+
+    Example:
+        >>> decode = decode_fn((32, 32), 3)
+        >>> image, label = decode(tf.io.read_file("cat.png"), 0)   # doctest: +SKIP
+        >>> tuple(image.shape)                                      # doctest: +SKIP
+        (32, 32, 3)
+    """
 
     def decode(encoded: Any, label: Any) -> tuple[Any, Any]:
         import tensorflow as tf
