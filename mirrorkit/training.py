@@ -507,7 +507,8 @@ def train(config: TrainConfig | None = None, *, callbacks: Sequence[Any] = (),
             f"Training stopped: {err}; {kept}. Lower the learning rate (--lr {config.base_lr:g} "
             f"was scaled to {lr:g}) or check the data for NaN/inf values.") from err
     except KeyboardInterrupt:
-        tell(f"interrupted: the last epoch backup is in {out / 'backup'}; continue with "
+        # Leading newline: Keras's progress bar leaves the cursor mid-line.
+        tell(f"\ninterrupted: the last epoch backup is in {out / 'backup'}; continue with "
              f"--resume --output {out}")
         raise
 
