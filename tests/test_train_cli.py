@@ -245,4 +245,29 @@ def test_two_real_workers_read_their_own_shards_and_the_chief_writes_once(source
     assert (metrics["strategy"], metrics["workers"], metrics["replicas"]) == ("multi_worker", 2, 2)
     assert metrics["global_batch"] == 32 and metrics["epochs_run"] == 2
     assert len((out / "history.csv").read_text().strip().splitlines()) == 3
-    assert REPO.exists()
+
+
+# -- apps ------------------------------------------------------------------------
+
+def test_workstation_app_runs_the_default_job_through_the_library(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "apps" / "workstation.py"), "--epochs", "2",
+                           "--output", str(tmp_path / "ws")], cwd=str(tmp_path), env=clean_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "model     cnn: 151,306 parameters" in proc.stdout
+    assert f"model in {tmp_path / 'ws' / 'model.keras'}" in proc.stdout.strip().splitlines()[-1]
+    assert json.loads((tmp_path / "ws" / "metrics.json").read_text())["epochs_run"] == 2
+
+
+@pytest.mark.slow
+def test_seed_scenario_resnet20_on_8_simulated_devices(tmp_path):
+    """32 images per replica, 256 global, 8 replicas; ~70 s, mostly tracing the 8-replica step."""
+    proc = subprocess.run([sys.executable, str(REPO / "apps" / "seed_resnet_8dev.py"),
+                           "--output", str(tmp_path / "seed")], cwd=str(tmp_path), env=clean_env(),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "strategy  mirrored, 8 replicas (simulate_cpus=8 on a CPU-only machine)" in proc.stdout
+    assert ("seed scenario: 8 replicas x 32 = 256 global, lr 0.0125 -> 0.1"
+            in proc.stdout.strip().splitlines()[-1])
+    metrics = json.loads((tmp_path / "seed" / "metrics.json").read_text())
+    assert (metrics["model"], metrics["replicas"], metrics["global_batch"]) == ("resnet20", 8, 256)
