@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from mirrorkit.datasets import DataOptions, parse_spec
+from mirrorkit.datasets._base import check_positive_int
 from mirrorkit.models import model_spec
 
 logger = logging.getLogger(__name__)
@@ -50,12 +51,6 @@ DEFAULT_EPOCHS = 10
 DEFAULT_PER_REPLICA_BATCH = 32
 # What a finished or interrupted run leaves in its output directory.
 RUN_FILES = ("model.keras", "metrics.json", "history.csv", "logs", "backup")
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
-    return int(value)
 
 
 def _choice(name: str, value: Any, choices: Sequence[str]) -> None:
@@ -141,15 +136,15 @@ class TrainConfig:
         if not isinstance(self.data, DataOptions):
             raise ValueError(f"`data` must be a mirrorkit.datasets.DataOptions. "
                              f"Received: data={self.data!r}")
-        _positive_int("epochs", self.epochs)
+        check_positive_int("epochs", self.epochs)
         if self.per_replica_batch is not None and self.global_batch is not None:
             raise ValueError(
                 "Pass at most one of `per_replica_batch` and `global_batch`. Received: "
                 f"per_replica_batch={self.per_replica_batch!r}, global_batch={self.global_batch!r}")
         for name in ("per_replica_batch", "global_batch", "simulate_cpus"):
             if getattr(self, name) is not None:
-                _positive_int(name, getattr(self, name))
-        _positive_int("steps_per_execution", self.steps_per_execution)
+                check_positive_int(name, getattr(self, name))
+        check_positive_int("steps_per_execution", self.steps_per_execution)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("precision", self.precision, PRECISIONS)
         _choice("lr_scaling", self.lr_scaling, LR_SCALINGS)
