@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         model="resnet20",
         dataset="synthetic",
         # 3 steps of 256 per epoch: enough to exercise the 8-replica step.
-        data=DataOptions(image_size=32, channels=3, classes=10, examples=3 * REPLICAS * PER_REPLICA),
+        data=DataOptions(image_size=32, channels=3, classes=10,
+                         examples=3 * REPLICAS * PER_REPLICA),
         per_replica_batch=PER_REPLICA,
         epochs=3,
         optimizer="momentum",

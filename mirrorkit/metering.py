@@ -117,7 +117,8 @@ class NonFiniteLossError(RuntimeError):
     """
 
     def __init__(self, epoch: int, step: int, value: float, last_good_epoch: int) -> None:
-        self.epoch, self.step, self.value, self.last_good_epoch = epoch, step, value, last_good_epoch
+        self.epoch, self.step, self.value = epoch, step, value
+        self.last_good_epoch = last_good_epoch
         super().__init__(f"the loss became {value} at epoch {epoch}, step {step}")
 
 

@@ -100,7 +100,7 @@ def check_input(name: str, input_shape: tuple[int, ...]) -> None:
         >>> check_input("resnet50", (8, 8, 1))
         Traceback (most recent call last):
         ...
-        ValueError: Model 'resnet50' needs images of at least 32x32; the dataset gives 8x8. Resize with --image-size 32 (image_size=32). Received: input_shape=(8, 8, 1)
+        ValueError: Model 'resnet50' needs images of at least 32x32; the dataset gives 8x8. ...
     """
     spec = model_spec(name)
     if len(input_shape) != 3:
@@ -249,7 +249,8 @@ def build_model(
     """
     check_input(name, input_shape)
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
-        raise ValueError(f"`num_classes` must be an integer >= 2. Received: num_classes={num_classes!r}")
+        raise ValueError(
+            f"`num_classes` must be an integer >= 2. Received: num_classes={num_classes!r}")
     if shortcut not in ("A", "B"):
         raise ValueError(f"`shortcut` must be 'A' or 'B'. Received: shortcut={shortcut!r}")
     import keras

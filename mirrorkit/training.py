@@ -1,4 +1,4 @@
-"""The ``mirrorkit train`` job as a library function: :class:`TrainConfig` in, :class:`TrainResult` out.
+"""The ``mirrorkit train`` job as a library function: TrainConfig in, TrainResult out.
 
 :func:`train` creates the strategy first (devices can only be split before
 any other TensorFlow op), loads the dataset, resolves per-replica and global
@@ -156,8 +156,10 @@ class TrainConfig:
             raise ValueError(f"`lr` must be a positive finite number. Received: lr={lr!r}")
         warm = self.warmup_epochs
         if isinstance(warm, bool) or not isinstance(warm, numbers.Real) or not 0 <= warm < math.inf:
-            raise ValueError(f"`warmup_epochs` must be a number >= 0. Received: warmup_epochs={warm!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or self.seed < 0:
+            raise ValueError(
+                f"`warmup_epochs` must be a number >= 0. Received: warmup_epochs={warm!r}")
+        seed = self.seed
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
             raise ValueError(f"`seed` must be an integer >= 0. Received: seed={self.seed!r}")
         if self.resume and not self.output:
             raise ValueError("`resume` continues the run in `output`: pass --output DIR "
@@ -209,7 +211,7 @@ class TrainResult:
 
 
 def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text.split("/")[-1] if "/" in text else text).strip("_.")
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text.split("/")[-1]).strip("_.")
 
 
 def _default_output(config: TrainConfig) -> Path:
@@ -234,15 +236,17 @@ def _check_output(config: TrainConfig) -> Path:
         raise NotADirectoryError(f"The output path is a file, not a directory. Received: {shown}")
     if config.resume:
         if not _has_backup(path / "backup"):
-            done = " (that run finished: see metrics.json)" if (path / "metrics.json").exists() else ""
-            raise FileNotFoundError(
-                f"Nothing to resume: no backup in {path / 'backup'}{done}. Received: {shown}, resume=True")
+            done = (" (that run finished: see metrics.json)"
+                    if (path / "metrics.json").exists() else "")
+            raise FileNotFoundError(f"Nothing to resume: no backup in {path / 'backup'}{done}. "
+                                    f"Received: {shown}, resume=True")
     elif path.is_dir():
         found = [name for name in RUN_FILES if (path / name).exists()]
         if found:
             raise ValueError(
                 f"{path} already holds a run ({', '.join(found)}); pass --resume (resume=True) "
-                f"to continue it, or choose another --output. Nothing was changed. Received: {shown}")
+                f"to continue it, or choose another --output. Nothing was changed. "
+                f"Received: {shown}")
     # The nearest existing ancestor must be a writable directory.
     parent = path
     while not parent.exists():

@@ -1,4 +1,4 @@
-"""Dataset sources on small real data: digits, synthetic, folder of PNGs, a real TFDS dataset, TFRecord shards.
+"""Dataset sources on small real data: digits, synthetic, PNG folders, TFDS, TFRecord shards.
 
 No mocks: folder tests write real PNG files, the TFDS test writes a real
 on-disk dataset with ``tfds.dataset_builders.store_as_tfds_dataset`` and reads
@@ -205,7 +205,8 @@ def test_tfds_dataset_is_read_back_offline(tfds_dir):
     # Same multiset of (label, pixels) as written (TFDS may reorder examples).
     got = collections.Counter((int(lbl), np.round(img * 255).astype("uint8").tobytes())
                               for img, lbl in zip(images, labels))
-    want = collections.Counter((int(lbl), img.tobytes()) for img, lbl in zip(test_pixels, test_labels))
+    want = collections.Counter((int(lbl), img.tobytes())
+                               for img, lbl in zip(test_pixels, test_labels))
     assert got == want
 
 
@@ -248,7 +249,8 @@ def shards(tmp_path_factory, digits):
 def test_export_writes_balanced_shards_and_metadata(shards):
     out, meta = shards
     assert meta["splits"]["train"]["examples"] == 1438 and meta["splits"]["val"]["examples"] == 359
-    assert meta["splits"]["train"]["files"] == [f"train-{i:05d}-of-00004.tfrecord" for i in range(4)]
+    names = [f"train-{i:05d}-of-00004.tfrecord" for i in range(4)]
+    assert meta["splits"]["train"]["files"] == names
     assert json.loads((out / mds.METADATA).read_text()) == meta
     assert sorted(p.name for p in out.glob("*.tfrecord")) == sorted(
         meta["splits"]["train"]["files"] + meta["splits"]["val"]["files"])

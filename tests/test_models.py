@@ -50,8 +50,8 @@ def test_every_model_builds_and_trains_one_step(name, shape, eager):
 
 def test_cifar_resnets_have_the_papers_parameter_counts():
     # He et al. 2016, table 6: ResNet-20 0.27M, ResNet-56 0.85M (10 classes, option A).
-    assert build_model("resnet20", input_shape=(32, 32, 3), num_classes=10).count_params() == 271_098
-    assert build_model("resnet56", input_shape=(32, 32, 3), num_classes=10).count_params() == 857_082
+    for name, params in (("resnet20", 271_098), ("resnet56", 857_082)):
+        assert build_model(name, input_shape=(32, 32, 3), num_classes=10).count_params() == params
     # Option B adds the two 1x1 projection convolutions (+ batch norm).
     b = build_model("resnet20", input_shape=(32, 32, 3), num_classes=10, shortcut="B")
     assert b.count_params() == 271_098 + (16 * 32 + 4 * 32) + (32 * 64 + 4 * 64)

@@ -115,7 +115,8 @@ def test_two_simulated_replicas_scale_batch_and_lr_and_reject_what_breaks(tmp_pa
     assert "-> 0.004 (linear scaling to global batch 64)" in text
     assert "per replica, 2 replicas)" in text
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert (metrics["replicas"], metrics["global_batch"], metrics["strategy"]) == (2, 64, "mirrored")
+    assert (metrics["replicas"], metrics["global_batch"]) == (2, 64)
+    assert metrics["strategy"] == "mirrored"
     assert metrics["learning_rate"] == pytest.approx(0.004)
     assert metrics["val_accuracy"] >= 0.95
 
@@ -142,7 +143,8 @@ def bad_folders(tmp_path_factory):
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["--model", "resnet21"], "Unknown model. Did you mean resnet20 or resnet56? Valid: cnn, resnet20"),
+    (["--model", "resnet21"],
+     "Unknown model. Did you mean resnet20 or resnet56? Valid: cnn, resnet20"),
     (["--dataset", "imagenet"], "Unknown dataset. Valid: digits, synthetic, tfds:NAME"),
     (["--epochs", "0"], "Received: epochs=0"),
     (["--per-replica-batch", "0"], "Received: per_replica_batch=0"),
@@ -200,7 +202,8 @@ def sources(tmp_path_factory):
 
 
 @pytest.mark.parametrize("source, args, train_examples", [
-    ("synthetic", ["--image-size", "8", "--channels", "1", "--classes", "4", "--examples", "96"], 96),
+    ("synthetic",
+     ["--image-size", "8", "--channels", "1", "--classes", "4", "--examples", "96"], 96),
     ("folder:{root}/folder", [], 96),
     ("tfds:cli_digits", ["--data-dir", "{root}/tfds"], 160),
     ("files:{root}/shards", [], 96),
@@ -239,8 +242,10 @@ def test_two_real_workers_read_their_own_shards_and_the_chief_writes_once(source
     assert "[0] strategy  multi_worker, 2 replicas, 2 workers" in text
     assert "[1] dataset" not in text and "[1] val_accuracy" not in text  # the chief reports
     assert "ran out of data" not in text
-    assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["model.keras", "metrics.json", "history.csv"] + (["logs"] if (out / "logs").exists() else []))
+    written = ["model.keras", "metrics.json", "history.csv"]
+    if (out / "logs").exists():
+        written.append("logs")
+    assert sorted(p.name for p in out.iterdir()) == sorted(written)
     metrics = json.loads((out / "metrics.json").read_text())
     assert (metrics["strategy"], metrics["workers"], metrics["replicas"]) == ("multi_worker", 2, 2)
     assert metrics["global_batch"] == 32 and metrics["epochs_run"] == 2

@@ -73,7 +73,8 @@ def test_run_reports_and_writes_everything(finished):
                 "global_batch", "learning_rate", "images_per_second", "strategy", "dataset",
                 "model"):
         assert key in metrics, key
-    assert (metrics["replicas"], metrics["per_replica_batch"], metrics["global_batch"]) == (1, 32, 32)
+    batch = (metrics["replicas"], metrics["per_replica_batch"], metrics["global_batch"])
+    assert batch == (1, 32, 32)
     assert metrics["val_accuracy"] == result.val_accuracy and metrics["images_per_second"] > 0
     with open(out / "history.csv") as f:
         rows = list(csv.DictReader(f))

@@ -1,4 +1,4 @@
-"""Image-classification data sources, by name: ``digits``, ``synthetic``, ``tfds:``, ``folder:``, ``files:``.
+"""Image-classification data sources by name: digits, synthetic, tfds:, folder:, files:.
 
 =================  ==========================================================
 spec               data
@@ -63,14 +63,16 @@ def parse_spec(spec: str) -> tuple[str, str]:
         (('tfds', 'mnist'), ('digits', ''))
     """
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"`dataset` must be one of {', '.join(SOURCES)}. Received: dataset={spec!r}")
+        raise ValueError(
+            f"`dataset` must be one of {', '.join(SOURCES)}. Received: dataset={spec!r}")
     kind, sep, arg = spec.strip().partition(":")
     if not sep and kind in ("digits", "synthetic"):
         return kind, ""
     if sep and kind in _PREFIXED:
         if not arg:
-            raise ValueError(f"`dataset` {kind}: needs a value, e.g. "
-                             f"{dict(zip(_PREFIXED, SOURCES[2:]))[kind]}. Received: dataset={spec!r}")
+            example = dict(zip(_PREFIXED, SOURCES[2:]))[kind]
+            raise ValueError(f"`dataset` {kind}: needs a value, e.g. {example}. "
+                             f"Received: dataset={spec!r}")
         return kind, arg
     names = ["digits", "synthetic", "tfds:", "folder:", "files:"]
     close = difflib.get_close_matches(kind + sep, names, n=2, cutoff=0.6)

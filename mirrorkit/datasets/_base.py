@@ -112,7 +112,8 @@ class DataOptions:
         object.__setattr__(self, "image_size", normalize_image_size(self.image_size))
         if self.channels is not None and self.channels not in (1, 3):
             raise ValueError(
-                f"`channels` must be 1 (grayscale) or 3 (RGB). Received: channels={self.channels!r}")
+                "`channels` must be 1 (grayscale) or 3 (RGB). "
+                f"Received: channels={self.channels!r}")
         check_positive_int("classes", self.classes)
         check_positive_int("examples", self.examples)
         frac = self.val_fraction
@@ -171,8 +172,9 @@ class ImageData:
 
         Example:
             >>> import mirrorkit.datasets as mds
-            >>> mds.load("digits").summary()
-            'digits: 1,438 train / 359 val images, 8x8x1, 10 classes (scikit-learn handwritten digits, embedded)'
+            >>> print(mds.load("digits").summary())  # doctest: +NORMALIZE_WHITESPACE
+            digits: 1,438 train / 359 val images, 8x8x1, 10 classes (scikit-learn handwritten
+            digits, embedded)
         """
         h, w, c = self.image_shape
         text = (f"{self.name}: {self.train_examples:,} train / {self.val_examples:,} val "

@@ -101,7 +101,8 @@ def load_synthetic(options: DataOptions | None = None) -> ImageData:
         return ds.map(lambda i: (i, tf.cast(i % classes, tf.int32)))
 
     def generate(index: tf.Tensor, label: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        noise = tf.random.stateless_uniform(shape, seed=tf.stack([tf.constant(SPLIT_SEED, tf.int64), index]))
+        seed = tf.stack([tf.constant(SPLIT_SEED, tf.int64), index])
+        noise = tf.random.stateless_uniform(shape, seed=seed)
         return 0.5 * tf.gather(templates, label) + 0.5 * noise, label
 
     return ImageData(

@@ -43,7 +43,8 @@ def _images(folder: Path) -> list[Path]:
                   if p.is_file() and p.suffix.lower() in EXTENSIONS)
 
 
-def _scan(root: Path, spec: str, classes: list[str] | None = None) -> tuple[list[str], list[str], list[int]]:
+def _scan(root: Path, spec: str,
+          classes: list[str] | None = None) -> tuple[list[str], list[str], list[int]]:
     """Return ``(class_names, files, labels)`` of one layout level."""
     dirs = _class_dirs(root)
     names = [d.name for d in dirs]

@@ -94,7 +94,8 @@ def _scan(tf: Any, files: list[str]) -> dict[str, Any]:
     return {"examples": count, "num_classes": top + 1, "image_shape": shape}
 
 
-def _resolve(pattern: str, options: DataOptions, spec: str) -> tuple[list[str], list[str], dict[str, Any] | None]:
+def _resolve(pattern: str, options: DataOptions,
+             spec: str) -> tuple[list[str], list[str], dict[str, Any] | None]:
     root = Path(pattern).expanduser()
     if root.is_dir():
         meta = _read_metadata(root)
@@ -155,8 +156,8 @@ def load_files(pattern: str, options: DataOptions | None = None) -> ImageData:
         ValueError: for files that are not mirrorkit image records.
 
     Example:
-        >>> data = load_files("/data/shards/train-*.tfrecord",
-        ...                   DataOptions(val_files="/data/shards/val-*.tfrecord"))  # doctest: +SKIP
+        >>> options = DataOptions(val_files="/data/shards/val-*.tfrecord")
+        >>> data = load_files("/data/shards/train-*.tfrecord", options)  # doctest: +SKIP
     """
     import tensorflow as tf
 
@@ -242,7 +243,8 @@ def export_tfrecords(data: ImageData, output_dir: str | Path, *, shards: int = 4
     shards = check_positive_int("shards", shards)
     out = Path(output_dir).expanduser()
     if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"Not a directory: {out}. Received: output_dir={str(output_dir)!r}")
+        raise NotADirectoryError(
+            f"Not a directory: {out}. Received: output_dir={str(output_dir)!r}")
     if out.is_dir() and (list(out.glob("*.tfrecord")) or (out / METADATA).exists()):
         raise ValueError(
             f"{out} already holds TFRecord shards; choose a new directory (nothing "
