@@ -23,6 +23,7 @@ SIMULATE_CPUS = "MIRRORKIT_SIMULATE_CPUS"
 STRATEGY = "MIRRORKIT_STRATEGY"
 RESTART_COUNT = "MIRRORKIT_RESTART_COUNT"
 SCALE_BATCH = "MIRRORKIT_SCALE_BATCH"
+RUN_ID = "MIRRORKIT_RUN_ID"
 COLLECTIVE_TIMEOUT = "MIRRORKIT_COLLECTIVE_TIMEOUT"
 # Slurm: opt-out switch, first port per node, GPUs per local task.
 SLURM_ENABLE = "MIRRORKIT_SLURM"
@@ -100,6 +101,13 @@ def restart_count() -> int:
         return max(int(raw), 0)
     except ValueError:
         return 0
+
+
+def run_id() -> str | None:
+    """Return ``MIRRORKIT_RUN_ID``: one name for a launched job, shared by its
+    workers and kept across restarts (so default run folders agree), or None."""
+    value = os.environ.get(RUN_ID, "").strip()
+    return value or None
 
 
 def scale_batch() -> bool:

@@ -699,7 +699,7 @@ def launch(spec: LaunchSpec, *, stdout: IO[str] | None = None,
     """Run ``spec.nproc`` workers as one ``TF_CONFIG`` cluster until they finish.
 
     Each worker gets ``TF_CONFIG`` (rank 0 is the chief), the restart count
-    in ``MIRRORKIT_RESTART_COUNT``, ``PYTHONUNBUFFERED=1`` and, with
+    in ``MIRRORKIT_RESTART_COUNT``, one ``MIRRORKIT_RUN_ID`` for the job, ``PYTHONUNBUFFERED=1`` and, with
     ``gpus_per_worker``, its own ``CUDA_VISIBLE_DEVICES``. Every output line
     is forwarded with a ``[rank] `` prefix. When a worker fails, the others
     are stopped (SIGTERM, SIGKILL after ``grace_period``) and, while restarts
@@ -728,6 +728,10 @@ def launch(spec: LaunchSpec, *, stdout: IO[str] | None = None,
         0
     """
     streams = (stdout or sys.stdout, stderr or sys.stderr)
+    # One run id for every worker and every restart, so programs that name
+    # their output after it (mirrorkit train's default folder) agree.
+    run_id = spec.env.get(_env.RUN_ID) or _env.run_id() or time.strftime("%Y%m%d-%H%M%S")
+    spec = dataclasses.replace(spec, env={**spec.env, _env.RUN_ID: run_id})
     worker_path = spec.env.get("PATH", _env.get("PATH"))
     argv = [_resolve_program(spec.command[0], worker_path), *spec.command[1:]]
     start = time.monotonic()

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from mirrorkit import _env
 from mirrorkit.datasets import DataOptions, parse_spec
 from mirrorkit.datasets._base import check_positive_int
 from mirrorkit.models import model_spec
@@ -217,7 +218,11 @@ def _slug(text: str) -> str:
 def _default_output(config: TrainConfig) -> Path:
     kind, arg = parse_spec(config.dataset)
     name = kind if not arg else f"{kind}-{_slug(arg) or 'data'}"
-    base = Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{config.model}-{name}"
+    run_id = _env.run_id()
+    base = Path("runs") / f"{run_id or time.strftime('%Y%m%d-%H%M%S')}-{config.model}-{name}"
+    if run_id:
+        # A launched job: every worker and every restart must pick the same folder.
+        return base
     path, n = base, 2
     while path.exists():
         path, n = base.with_name(f"{base.name}-{n}"), n + 1
@@ -228,19 +233,32 @@ def _has_backup(backup: Path) -> bool:
     return backup.is_dir() and any(backup.iterdir())
 
 
+def _relaunched_with_backup(config: TrainConfig, path: Path) -> bool:
+    """True when ``mirrorkit launch`` restarted this job and a backup exists.
+
+    A restarted group runs the same command line as the first attempt, which
+    had no ``--resume``; it must continue from the backup, not be refused.
+    """
+    return bool(_env.restart_count()) and _has_backup(path / "backup")
+
+
 def _check_output(config: TrainConfig) -> Path:
     """Refuse anything that could lose a previous run; create nothing yet."""
     path = Path(config.output).expanduser() if config.output else _default_output(config)
     shown = f"output={str(config.output)!r}" if config.output else f"output={str(path)!r}"
     if path.exists() and not path.is_dir():
         raise NotADirectoryError(f"The output path is a file, not a directory. Received: {shown}")
+    if _relaunched_with_backup(config, path):
+        return path
     if config.resume:
         if not _has_backup(path / "backup"):
             done = (" (that run finished: see metrics.json)"
                     if (path / "metrics.json").exists() else "")
             raise FileNotFoundError(f"Nothing to resume: no backup in {path / 'backup'}{done}. "
                                     f"Received: {shown}, resume=True")
-    elif path.is_dir():
+    elif path.is_dir() and not _env.restart_count():
+        # (A relaunched group whose first attempt died before its first backup
+        # starts over in the same folder; nothing of value is there yet.)
         found = [name for name in RUN_FILES if (path / name).exists()]
         if found:
             raise ValueError(
@@ -414,6 +432,8 @@ def train(config: TrainConfig | None = None, *, callbacks: Sequence[Any] = (),
     # nothing there (the chief-aware callbacks give them temporary paths).
     out = _check_output(config) if chief else (
         Path(config.output).expanduser() if config.output else _default_output(config))
+    if not config.resume and _relaunched_with_backup(config, out):
+        config = dataclasses.replace(config, resume=True, output=str(out))
     data = datasets.load(config.dataset, config.data)
     check_input(config.model, data.image_shape)
     steps = data.train_examples // batch.global_batch

@@ -261,6 +261,9 @@ def test_failed_worker_restarts_whole_group_with_count_and_logs(start, tmp_path)
     assert {i: r["restart"] for i, r in records(out).items()} == {0: 1, 1: 1}
     assert "[1] hello from worker 1 restart 0" in stdout
     assert "[1] hello from worker 1 restart 1" in stdout
+    # One job name for every worker and attempt (mirrorkit train's default folder).
+    run_ids = {line.split("run id ", 1)[1] for line in stdout.splitlines() if "run id " in line}
+    assert len(run_ids) == 1 and run_ids != {"None"}
     assert "worker 1 (pid" in stderr and "exited with code 3" in stderr
     assert "restarting the whole group (restart 1 of 2)" in stderr
     assert "all 2 worker(s) succeeded" in stderr and "(1 restarts)" in stderr

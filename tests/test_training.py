@@ -6,10 +6,13 @@ processes: the device split is per process).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib.util
 import json
 import math
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -177,3 +180,41 @@ def test_nan_loss_stops_at_the_step_keeps_the_good_backup_and_resume_continues(t
     with open(out / "history.csv") as f:
         assert [r["epoch"] for r in csv.DictReader(f)] == ["0", "1", "2"]
     assert (out / "model.keras").exists() and not (out / "backup").exists()
+
+
+def test_a_relaunched_group_resumes_without_being_told(tmp_path):
+    # `mirrorkit launch` restarts the same command line (no --resume) with
+    # MIRRORKIT_RESTART_COUNT >= 1 and one MIRRORKIT_RUN_ID for the whole job.
+    from mirrorkit import _env
+
+    with _env.patch({_env.RUN_ID: "job42", _env.RESTART_COUNT: None}), _cwd(tmp_path):
+        with pytest.raises(RuntimeError, match="loss became nan"):
+            train(TrainConfig(epochs=3), callbacks=[_poison_at(epoch=2, step=1)])
+        out = tmp_path / "runs" / "job42-cnn-digits"
+        assert (out / "backup").is_dir()
+        with _env.patch({_env.RESTART_COUNT: "1"}):
+            result = train(TrainConfig(epochs=3))
+        assert Path(result.output_dir).resolve() == out.resolve()
+    assert result.epochs_run == 2 and result.metrics["initial_epoch"] == 1
+
+
+def test_a_relaunch_before_any_backup_starts_over_in_the_same_folder(tmp_path):
+    from mirrorkit import _env
+
+    out = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="no epoch had finished"):
+        train(TrainConfig(epochs=2, output=str(out)), callbacks=[_poison_at(epoch=1, step=2)])
+    assert (out / "history.csv").exists() and not (out / "backup").exists()
+    with _env.patch({_env.RESTART_COUNT: "1"}):
+        result = train(TrainConfig(epochs=1, output=str(out)))
+    assert result.epochs_run == 1 and (out / "model.keras").exists()
+
+
+@contextlib.contextmanager
+def _cwd(path):
+    before = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
