@@ -60,7 +60,7 @@ __all__ = [
 # Names whose module imports Keras (so TensorFlow); loaded on first access.
 _LAZY = {"WarmupSchedule": "mirrorkit.schedules", "scale_learning_rate": "mirrorkit.schedules",
          "save_model": "mirrorkit.callbacks",
-         # The `mirrorkit train` job as a library (issue 6).
+         # The `mirrorkit train` job as a library.
          "TrainConfig": "mirrorkit.training", "TrainResult": "mirrorkit.training",
          "train": "mirrorkit.training", "DataOptions": "mirrorkit.datasets",
          "build_model": "mirrorkit.models"}
