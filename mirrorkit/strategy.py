@@ -263,7 +263,13 @@ def resolve(kind: str | None = None, *, simulate_cpus: int | None = None) -> Sel
         >>> resolve("default").kind
         'default'
     """
-    kind = kind or _env.strategy_kind() or "auto"
+    if kind is None and _env.strategy_kind() is not None:
+        kind = _env.strategy_kind()
+        if kind not in KINDS:
+            raise ValueError(
+                f"Unknown strategy kind in {_env.STRATEGY}. Received: "
+                f"{_env.STRATEGY}={kind!r}; accepted: {', '.join(KINDS)}")
+    kind = kind or "auto"
     _check_kind(kind)
     env_simulate = _env.simulate_cpus()
     if simulate_cpus is None:

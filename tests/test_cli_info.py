@@ -82,5 +82,8 @@ def test_malformed_tf_config_is_one_line_not_a_traceback():
 
 def test_bad_simulate_cpus_env_is_one_line():
     result = CliRunner().invoke(cli, ["info"], env={"MIRRORKIT_SIMULATE_CPUS": "zero"})
-    assert result.exit_code == 2
-    assert "Traceback" not in result.output and "simulate-cpus" in result.output
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.output.strip() == ("Error: MIRRORKIT_SIMULATE_CPUS must be a positive integer. "
+                                     "Received: MIRRORKIT_SIMULATE_CPUS='zero'")
+    result = CliRunner().invoke(cli, ["info"], env={"MIRRORKIT_STRATEGY": "tpu"})
+    assert result.exit_code == 1 and "Received: MIRRORKIT_STRATEGY='tpu'" in result.output

@@ -37,10 +37,11 @@ def simulate_cpus_option(func: Callable[..., Any]) -> Callable[..., Any]:
         "--simulate-cpus",
         type=click.IntRange(min=1),
         default=None,
-        envvar="MIRRORKIT_SIMULATE_CPUS",
-        show_envvar=True,
+        # No click envvar: the library itself falls back to the variable, so
+        # a flag and the variable behave the same in scripts and the CLI.
         help="Split a GPU-less CPU into N logical devices so MirroredStrategy "
-        "gets N replicas (ignored when GPUs are present).",
+        "gets N replicas (ignored when GPUs are present). Default: "
+        "$MIRRORKIT_SIMULATE_CPUS, else none.",
     )(func)
 
 
@@ -52,7 +53,5 @@ def strategy_option(func: Callable[..., Any]) -> Callable[..., Any]:
         "--strategy",
         type=click.Choice(KINDS),
         default=None,
-        envvar="MIRRORKIT_STRATEGY",
-        show_envvar=True,
-        help="Which tf.distribute strategy to use. Default: auto.",
+        help="Which tf.distribute strategy to use. Default: $MIRRORKIT_STRATEGY, else auto.",
     )(func)
