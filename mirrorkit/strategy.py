@@ -135,22 +135,24 @@ def select(
     else:
         local = "no GPU visible and no simulated CPUs requested"
 
+    # "slurm names 2 workers" reads oddly; say what the user would say.
+    where = {"slurm": "the Slurm step"}.get(cluster_source, cluster_source)
     n_workers = cluster.num_workers if cluster is not None else 0
     multi = cluster is not None and n_workers > 1 and cluster.task_type in ("chief", "worker")
     if kind == "multi_worker" or (kind == "auto" and multi):
         if cluster is None:
             reason = "strategy 'multi_worker' requested without a cluster; one local worker"
             return Selection("multi_worker", reason + ignored, None, gpus)
-        reason = (f"{cluster_source} names {_plural(n_workers, 'worker')}, "
+        reason = (f"{where} names {_plural(n_workers, 'worker')}, "
                   f"this is {cluster.task_type} {cluster.task_index}")
         if sim:
             reason += f"; {simulate_source}={sim} ignored: each CPU worker holds one replica"
         return Selection("multi_worker", reason, None, gpus, cluster, cluster_source)
 
     if cluster is not None and n_workers <= 1:
-        local += f"; {cluster_source} names a single worker, training locally"
+        local += f"; {where} names a single worker, training locally"
     elif cluster is not None and cluster.task_type == "evaluator":
-        local += f"; {cluster_source} makes this the evaluator, which does not join training"
+        local += f"; {where} makes this the evaluator, which does not join training"
     if kind == "default":
         return Selection("default", f"strategy 'default' requested; {local}{ignored}", None, gpus)
     if kind == "mirrored":

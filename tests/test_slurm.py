@@ -182,7 +182,7 @@ def test_strategy_uses_the_slurm_step_and_exports_tf_config():
         assert _env.cuda_visible_devices() == "1"
         assert _cluster_from_env() == (cluster, "slurm")  # read back: still Slurm's
         sel = select("auto", gpus=0, cluster=cluster, cluster_source=source)
-        assert sel.kind == "multi_worker" and sel.reason.startswith("slurm names 2 workers")
+        assert sel.kind == "multi_worker" and sel.reason.startswith("the Slurm step names 2 workers")
     assert _env.tf_config_text() is None or "7100" not in _env.tf_config_text()
 
 
