@@ -10,8 +10,11 @@ here:
     ``TensorFlowTrainer._maybe_symbolic_build`` peeks at one batch and calls
     ``strategy.reduce("MEAN", per_replica_batch, axis=None)`` to get one
     example batch. In multi-worker mode that raises ``ValueError: Attempt to
-    convert a value (PerReplica...)``. The build only needs shapes and dtypes,
-    so the fix hands it this worker's first local replica batch
+    convert a value (PerReplica...)``. Under a local MirroredStrategy it fails
+    too whenever the global batch does not divide evenly by the replicas
+    (``fit(x, y, batch_size=32)`` on 3 GPUs: "Inputs to operation AddN ...
+    must have the same size and shape"). The build only needs shapes and
+    dtypes, so the fix hands it this worker's first local replica batch
     (``experimental_local_results(v)[0]``): no collective, same shapes.
 
 ``scalar-logs`` (keras#20585, part 2; tensorflow#72388)
@@ -152,6 +155,16 @@ def _in_multi_worker_mode(strategy: Any) -> bool:
         strategy.extended._in_multi_worker_mode())
 
 
+def _splits_batches(strategy: Any) -> bool:
+    # Multi-worker mode, or several local replicas: in both the data batch
+    # arrives as PerReplica values that upstream reduces element-wise, which
+    # fails across workers and whenever the replicas' slices differ in size
+    # (a global batch of 32 on 3 replicas is split 11/11/10).
+    if _in_multi_worker_mode(strategy):
+        return True
+    return int(getattr(strategy, "num_replicas_in_sync", 1)) > 1
+
+
 def _local_first(strategy: Any, value: Any) -> Any:
     import tensorflow as tf
 
@@ -163,7 +176,7 @@ def _local_first(strategy: Any, value: Any) -> Any:
 def _make_symbolic_build(original: Callable[..., Any]) -> Callable[..., Any]:
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         strategy = self._distribute_strategy
-        if iterator is None or strategy is None or not _in_multi_worker_mode(strategy):
+        if iterator is None or strategy is None or not _splits_batches(strategy):
             return original(self, iterator=iterator, data_batch=data_batch)
         from keras.src import tree
 
@@ -253,9 +266,10 @@ def _keras_is_tensorflow() -> bool:
 def apply(*, disable: Iterable[str] | None = None) -> dict[str, str]:
     """Apply every needed fix for Keras 3 under MultiWorkerMirroredStrategy.
 
-    Safe to call many times and in single-worker runs: a patched function
-    behaves exactly like the original unless the strategy is a
-    ``MultiWorkerMirroredStrategy`` in multi-worker mode.
+    Safe to call many times and under any strategy: a patched function
+    behaves exactly like the original unless batches are split across
+    replicas (``symbolic-build``: 2+ replicas or multi-worker mode;
+    ``scalar-logs``: a ``MultiWorkerMirroredStrategy`` in multi-worker mode).
 
     Args:
         disable: fix names to leave out (``"all"`` for every fix). Defaults to

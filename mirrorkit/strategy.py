@@ -211,11 +211,19 @@ def _create(tf: Any, sel: Selection) -> Any:
         return tf.distribute.get_strategy()
     if sel.kind == "mirrored":
         if sel.gpus:
-            return tf.distribute.MirroredStrategy()
-        n = sel.simulate_cpus or 1
-        if sel.simulate_cpus:
-            _configure_cpus(tf, n)
-        return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
+            strategy = tf.distribute.MirroredStrategy()
+        else:
+            n = sel.simulate_cpus or 1
+            if sel.simulate_cpus:
+                _configure_cpus(tf, n)
+            strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
+        if strategy.num_replicas_in_sync > 1:
+            # Keras 3 fit fails when a global batch splits unevenly over the
+            # replicas (keras#20585, symbolic-build); the fix is a no-op otherwise.
+            from mirrorkit import compat
+
+            compat.apply()
+        return strategy
     return _create_multi_worker(tf)
 
 

@@ -48,11 +48,12 @@ class KnownIssue:
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     KnownIssue(
         "keras#20585", "keras", "3.0", None,
-        "model.fit/evaluate under MultiWorkerMirroredStrategy fail: the symbolic "
-        "build reduces a PerReplica data batch ('Attempt to convert a value "
-        "(PerReplica').",
-        "compat fix 'symbolic-build' builds from the local batch; applied when a "
-        "multi-worker strategy is created (mirrorkit.fix_multi_worker() otherwise).",
+        "model.fit/evaluate reduce a PerReplica data batch to build the model: under "
+        "MultiWorkerMirroredStrategy it fails ('Attempt to convert a value (PerReplica'), "
+        "under MirroredStrategy whenever the global batch does not divide by the "
+        "replicas ('Inputs to operation AddN ... must have the same size and shape').",
+        "compat fix 'symbolic-build' builds from the local batch; applied when "
+        "mirrorkit creates a multi-replica strategy (mirrorkit.fix_multi_worker() otherwise).",
     ),
     KnownIssue(
         "tensorflow#72388", "keras", "3.0", None,

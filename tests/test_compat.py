@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 from conftest import clean_env
@@ -82,7 +83,7 @@ def test_unknown_fix_names_are_rejected_with_the_valid_ones(restore_keras):
 
 def test_patched_keras_is_unchanged_outside_multi_worker(restore_keras):
     # Same losses with and without the patches under the default strategy and
-    # a one-device MirroredStrategy: the fixes only act in multi-worker mode.
+    # a one-device MirroredStrategy: the fixes only act when batches are split.
     import keras
     import numpy as np
     import tensorflow as tf
@@ -103,6 +104,44 @@ def test_patched_keras_is_unchanged_outside_multi_worker(restore_keras):
     compat.apply(disable=[])
     patched = [losses(s) for s in strategies]
     assert plain == patched
+
+
+UNEVEN = """
+import json, numpy as np, keras
+import mirrorkit
+from mirrorkit import compat
+strategy = mirrorkit.get_strategy(simulate_cpus=3)    # applies the fixes
+x = np.random.RandomState(0).rand(96, 8).astype("float32")
+y = np.random.RandomState(1).randint(0, 10, 96)
+
+def fit_losses():
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(10)])
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    # 32 over 3 replicas is split 11/11/10.
+    return model.fit(x, y, batch_size=32, epochs=2, verbose=0, shuffle=False).history["loss"]
+
+out = {"applied": compat.status()["symbolic-build"], "losses": fit_losses()}
+compat.apply(disable=["symbolic-build"])
+try:
+    fit_losses()
+    out["upstream"] = "no error"
+except Exception as err:
+    out["upstream"] = str(err)
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_uneven_split_over_local_replicas_needs_the_symbolic_build_fix(tmp_path):
+    # Not only multi-worker: a global batch that does not divide by the local
+    # replica count breaks Keras 3 fit under MirroredStrategy too.
+    from conftest import run_snippet
+
+    result, _ = run_snippet(UNEVEN, tmp_path)
+    assert result["applied"] == "applied"
+    assert all(np.isfinite(v) for v in result["losses"]) and len(result["losses"]) == 2
+    assert "must have the same size and shape" in result["upstream"]
 
 
 def test_failure_detection_settings_are_validated():
