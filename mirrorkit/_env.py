@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 # Names of the variables mirrorkit reads or writes, in one place.
 TF_CONFIG = "TF_CONFIG"
@@ -64,19 +64,25 @@ def tf_config_text() -> str | None:
     return text
 
 
-def _positive_int(name: str) -> int | None:
+def _positive(name: str, cast: type, what: str) -> Any:
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return None
     try:
-        value = int(raw)
+        value = cast(raw)
     except ValueError:
         value = 0
-    if value < 1:
-        raise ValueError(
-            f"{name} must be a positive integer. Received: {name}={raw!r}"
-        )
+    if not value > 0:
+        raise ValueError(f"{name} must be {what}. Received: {name}={raw!r}")
     return value
+
+
+def _positive_int(name: str) -> int | None:
+    return _positive(name, int, "a positive integer")
+
+
+def _positive_seconds(name: str) -> float | None:
+    return _positive(name, float, "a positive number of seconds")
 
 
 def simulate_cpus() -> int | None:
@@ -113,22 +119,6 @@ def run_id() -> str | None:
 def scale_batch() -> bool:
     """Return True when ``MIRRORKIT_SCALE_BATCH`` asks for per-replica batches."""
     return os.environ.get(SCALE_BATCH, "").strip().lower() in {"1", "true", "yes"}
-
-
-def _positive_seconds(name: str) -> float | None:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise ValueError(
-            f"{name} must be a positive number of seconds. "
-            f"Received: {name}={raw!r}"
-        )
-    return value
 
 
 def collective_timeout() -> float | None:
@@ -258,15 +248,15 @@ def patch(values: Mapping[str, str | None]) -> Iterator[None]:
     """
     saved = {k: os.environ.get(k) for k in values}
     try:
-        for key, value in values.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        _set(values)
         yield
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        _set(saved)
+
+
+def _set(values: Mapping[str, str | None]) -> None:
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value

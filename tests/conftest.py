@@ -79,7 +79,11 @@ def run_snippet(code: str, directory: Path, *, env: dict[str, str] | None = None
     """
     script = directory / "snippet.py"
     script.write_text(textwrap.dedent(code))
-    proc = subprocess.run([sys.executable, str(script)], env=clean_env(**(env or {})),
+    # The tests folder is importable so snippets can use snippet_helpers.
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "tests"),
+                                                        os.environ.get("PYTHONPATH")])),
+           **(env or {})}
+    proc = subprocess.run([sys.executable, str(script)], env=clean_env(**env),
                           capture_output=True, text=True, timeout=timeout, cwd=str(directory))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return result_line(proc.stdout), proc

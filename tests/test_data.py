@@ -95,12 +95,7 @@ import tensorflow as tf
 from mirrorkit import data
 
 out = {}
-def errors(fn):
-    try:
-        fn()
-    except ValueError as err:
-        return str(err)
-    return None
+from snippet_helpers import errors
 
 def policy(ds):
     return ds.options().experimental_distribute.auto_shard_policy.name

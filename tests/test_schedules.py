@@ -20,12 +20,7 @@ out = {"lazy": "keras" not in sys.modules}
 from mirrorkit import WarmupSchedule, scale_learning_rate
 import keras
 
-def errors(fn):
-    try:
-        fn()
-    except ValueError as err:
-        return str(err)
-    return None
+from snippet_helpers import errors
 
 out["linear"] = scale_learning_rate(0.1, 256, 1024)
 out["sqrt"] = scale_learning_rate(1e-3, 32, 128, rule="sqrt")
