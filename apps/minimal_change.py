@@ -29,15 +29,12 @@ split = int(0.8 * len(x))
 x_train, y_train, x_test, y_test = x[:split], y[:split], x[split:], y[split:]
 
 with mirrorkit.scope():  # mirrorkit: line 2/2
-    model = keras.Sequential([
-        keras.Input((8, 8, 1)),
-        keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
-        keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
-        keras.layers.MaxPooling2D(),
-        keras.layers.Flatten(),
-        keras.layers.Dense(64, activation="relu"),
-        keras.layers.Dense(10),
-    ])
+    inputs = keras.Input((8, 8, 1))
+    h = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(inputs)
+    h = keras.layers.BatchNormalization()(h)
+    h = keras.layers.Conv2D(64, 3, padding="same", activation="relu")(h)
+    h = keras.layers.Dropout(0.25)(keras.layers.MaxPooling2D()(h))
+    model = keras.Model(inputs, keras.layers.Dense(10)(keras.layers.Flatten()(h)))
     model.compile(optimizer=keras.optimizers.Adam(2e-3),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])

@@ -343,6 +343,11 @@ def _evaluate_all(model: Any, data: Any, batch_size: int) -> dict[str, float]:
     return copy.evaluate(ds, return_dict=True, verbose=0)
 
 
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
 def _eval_batch(pipelines: Any, batch: Any, data: Any) -> Any:
     """The per-epoch validation batch: the global batch, or less for a small validation set.
 
@@ -355,11 +360,10 @@ def _eval_batch(pipelines: Any, batch: Any, data: Any) -> Any:
     if data.val_examples >= batch.global_batch:
         return batch
     per_replica = data.val_examples // batch.replicas
-    if per_replica < 1:
-        raise ValueError(
-            f"{data.name} has {data.val_examples} validation examples, fewer than the "
-            f"{batch.replicas} replicas, so some replica would get none. Received: "
-            f"val_examples={data.val_examples}")
+    _require(per_replica >= 1,
+             f"{data.name} has {data.val_examples} validation examples, fewer than the "
+             f"{batch.replicas} replicas, so some replica would get none. Received: "
+             f"val_examples={data.val_examples}")
     return pipelines.resolve_batch(per_replica_batch=per_replica, replicas=batch.replicas)
 
 
@@ -437,11 +441,10 @@ def train(config: TrainConfig | None = None, *, callbacks: Sequence[Any] = (),
     data = datasets.load(config.dataset, config.data)
     check_input(config.model, data.image_shape)
     steps = data.train_examples // batch.global_batch
-    if steps < 1:
-        raise ValueError(
-            f"{data.name} has {data.train_examples} training examples, fewer than one global "
-            f"batch ({batch.global_batch}); lower the batch. Received: "
-            f"per_replica_batch={batch.per_replica}, global_batch={batch.global_batch}")
+    _require(steps >= 1,
+             f"{data.name} has {data.train_examples} training examples, fewer than one global "
+             f"batch ({batch.global_batch}); lower the batch. Received: "
+             f"per_replica_batch={batch.per_replica}, global_batch={batch.global_batch}")
     lr = scale_learning_rate(config.base_lr, BASE_BATCH, batch.global_batch, config.lr_scaling)
     warmup_steps = int(round(config.warmup_epochs * steps))
     schedule: Any = lr
