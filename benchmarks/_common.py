@@ -26,6 +26,11 @@ def parse_args(doc: str) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit", type=int, default=None,
                         help="train on the first N examples only (smoke tests)")
+    parser.add_argument("--intra-threads", default=None,
+                        help="side B only, to measure a proposed default: TensorFlow intra-op "
+                        "threads, N or 'auto' (= cores // replicas)")
+    parser.add_argument("--steps-per-execution", type=int, default=1,
+                        help="side B only, to measure a proposed default (1 replica only)")
     args = parser.parse_args()
     if args.epochs < 2:
         parser.error("--epochs must be >= 2: the first epoch is warm-up and not timed")

@@ -144,11 +144,10 @@ class BenchConfig:
         seed: seed for data order and weights. Defaults to 0.
         timeout: seconds one configuration may take. Defaults to 600.
         threads: TensorFlow intra-op threads per process, or None for
-            TensorFlow's default (all cores). Defaults to None.
-        pin_cpus: pin worker ``i`` of a multi-worker configuration (and the
-            single process of the others) to CPU core ``i`` (Linux only), so
-            every worker has the same compute and a 1- vs 2-worker comparison
-            isolates the all-reduce cost. Defaults to False.
+            TensorFlow's default (all cores). ``threads=1`` gives every
+            process the same compute, so on one machine a 1- vs 2-worker
+            comparison isolates the all-reduce cost instead of measuring two
+            processes sharing the cores. Defaults to None.
 
     Example:
         >>> BenchConfig(replicas=(2, 4)).cases()
@@ -165,7 +164,6 @@ class BenchConfig:
     seed: int = 0
     timeout: float = 600.0
     threads: int | None = None
-    pin_cpus: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "replicas", parse_counts(self.replicas, name="replicas"))
@@ -343,7 +341,7 @@ def _spec(config: BenchConfig, case: Case) -> dict[str, Any]:
         "replicas": case.replicas_per_worker, "workers": case.workers,
         "steps": config.steps, "warmup_steps": config.warmup_steps,
         "per_replica_batch": config.per_replica_batch, "seed": config.seed,
-        "threads": config.threads, "pin_cpus": config.pin_cpus, "timeout": config.timeout,
+        "threads": config.threads, "timeout": config.timeout,
     }
 
 
@@ -678,14 +676,13 @@ def _watchdog(seconds: float) -> None:
     timer.start()
 
 
-def _apply_cpu_limits(tf: Any, spec: dict[str, Any], index: int) -> None:
-    # Both must be set before TensorFlow's runtime starts, i.e. before the strategy.
-    if spec.get("pin_cpus") and hasattr(os, "sched_setaffinity"):
-        cores = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cores[index % len(cores)]})
-    if spec.get("threads"):
-        tf.config.threading.set_intra_op_parallelism_threads(spec["threads"])
-        tf.config.threading.set_inter_op_parallelism_threads(spec["threads"])
+def _apply_threads(tf: Any, threads: int | None) -> None:
+    # Must be set before TensorFlow's runtime starts, i.e. before the strategy.
+    # Only the intra-op pool: collectives and the input pipeline keep their
+    # own threads (pinning a worker to one core starves them and triples the
+    # all-reduce time on a busy machine).
+    if threads:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
 
 
 def _child(spec: dict[str, Any]) -> dict[str, Any]:
@@ -695,7 +692,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     import tensorflow as tf
 
     index = _task_index()
-    _apply_cpu_limits(tf, spec, index)
+    _apply_threads(tf, spec.get("threads"))
     gpus = tf.config.list_physical_devices("GPU")
     if spec["workers"] > 1:
         if gpus:
