@@ -30,6 +30,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BatchSize",
+    "BenchConfig",
     "ClusterSpec",
     "DataOptions",
     "Runtime",
@@ -47,6 +48,7 @@ __all__ = [
     "get_strategy",
     "parse_tf_config",
     "resolve_batch",
+    "run_bench",
     "save_model",
     "scale_learning_rate",
     "scope",
@@ -63,7 +65,9 @@ _LAZY = {"WarmupSchedule": "mirrorkit.schedules", "scale_learning_rate": "mirror
          # The `mirrorkit train` job as a library.
          "TrainConfig": "mirrorkit.training", "TrainResult": "mirrorkit.training",
          "train": "mirrorkit.training", "DataOptions": "mirrorkit.datasets",
-         "build_model": "mirrorkit.models"}
+         "build_model": "mirrorkit.models",
+         # `mirrorkit bench` as a library (TensorFlow-free itself; lazy to keep import light).
+         "BenchConfig": "mirrorkit.bench", "run_bench": "mirrorkit.bench"}
 
 
 def __getattr__(name: str) -> Any:

@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from mirrorkit import _env, __version__
+from mirrorkit import _env
 
 logger = logging.getLogger(__name__)
 
