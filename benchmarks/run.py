@@ -5,6 +5,8 @@ the order flips every round, so drifting machine load hits both sides):
 
 * ``compare``    -- training images/s: mirrorkit (``mirrorkit_side.py``) vs the
   hand-written tutorial code (``baseline_keras.py``); ratio mirrorkit / baseline.
+  A third arm runs mirrorkit with the defaults RESULTS.md proposes
+  (:func:`proposed_flags`), so each proposal comes with its measurement.
 * ``pipeline``   -- images/s mirrorkit's default training pipeline produces with
   no model attached, vs the images/s training consumes; ratio produce / consume.
 * ``startup``    -- ``mirrorkit --help`` wall time / ``python -c "import tensorflow"``.
@@ -37,8 +39,10 @@ PY = sys.executable
 RESULT = "RESULT "
 SECTIONS = ("compare", "pipeline", "startup", "multiworker")
 
-# (model, dataset, per-replica batch): the cases issue 7 asks for.
-CASES = (("cnn", "digits", 32), ("resnet20", "synthetic", 32))
+# (model, dataset, per-replica batch, epochs): the cases issue 7 asks for. The
+# tiny cnn steps take milliseconds, so it gets more epochs: every run times
+# at least ~150 steps (epoch 1 is warm-up and never timed).
+CASES = (("cnn", "digits", 32, 8), ("resnet20", "synthetic", 32, 4))
 REPLICAS = (1, 2)
 
 
@@ -64,18 +68,19 @@ def _run_script(args: Sequence[str], timeout: float = 1800) -> dict[str, Any]:
                        f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
 
 
-def _alternate(runs: int, a: Callable[[], Any], b: Callable[[], Any],
-               log: Callable[[str], None]) -> tuple[list[Any], list[Any]]:
-    """Run a and b ``runs`` times each: AB, BA, AB, ... (cancels drift in load)."""
-    out_a, out_b = [], []
+def _alternate(runs: int, arms: dict[str, Callable[[], Any]],
+               log: Callable[[str], None]) -> dict[str, list[Any]]:
+    """Run every arm ``runs`` times: ABC, CBA, ABC, ... (cancels drift in load)."""
+    out: dict[str, list[Any]] = {name: [] for name in arms}
+    names = list(arms)
     for i in range(runs):
-        order = ((out_a, a, "A"), (out_b, b, "B"))
-        for sink, fn, name in (order if i % 2 == 0 else order[::-1]):
+        for name in (names if i % 2 == 0 else names[::-1]):
             load = _load()
-            value = fn()
-            sink.append(value)
-            log(f"    run {i + 1} {name}: {value if not isinstance(value, dict) else value.get('images_per_sec')} (load {load})")
-    return out_a, out_b
+            value = arms[name]()
+            out[name].append(value)
+            shown = value.get("images_per_sec") if isinstance(value, dict) else value
+            log(f"    run {i + 1} {name}: {shown} (load {load})")
+    return out
 
 
 def _median(values: Sequence[float]) -> float:
@@ -100,7 +105,8 @@ def startup(runs: int, log: Callable[[str], None]) -> dict[str, Any]:
         return run
 
     log("startup: mirrorkit --help vs python -c 'import tensorflow'")
-    help_s, tf_s = _alternate(runs, timed(help_cmd), timed(tf_cmd), log)
+    got = _alternate(runs, {"help": timed(help_cmd), "import tensorflow": timed(tf_cmd)}, log)
+    help_s, tf_s = got["help"], got["import tensorflow"]
     ratio = _median(help_s) / _median(tf_s)
     return {"help_s": help_s, "import_tf_s": tf_s, "median_help_s": _median(help_s),
             "median_import_tf_s": _median(tf_s), "ratio": round(ratio, 4),
@@ -108,41 +114,73 @@ def startup(runs: int, log: Callable[[str], None]) -> dict[str, Any]:
             "command": f"{' '.join(help_cmd)}  vs  {' '.join(tf_cmd)}"}
 
 
-def compare(runs: int, epochs: int, cases: Sequence[tuple[str, str, int]],
+def proposed_flags(replicas: int) -> list[str]:
+    """Side-B flags that apply the mirrorkit defaults RESULTS.md proposes (not yet adopted).
+
+    * 2+ simulated replicas: intra-op threads = cores // replicas (the
+      replicas already run in parallel; splitting every op over all cores
+      oversubscribes them).
+    * 1 replica: steps_per_execution=8 (safe with one replica; keras#19246
+      breaks it with 2+).
+    """
+    if replicas > 1:
+        return ["--intra-threads", "auto"]
+    return ["--steps-per-execution", "8"]
+
+
+def compare(runs: int, epochs: int | None, cases: Sequence[tuple[str, str, int, int]],
             replicas: Sequence[int], log: Callable[[str], None],
-            extra: Sequence[str] = ()) -> list[dict[str, Any]]:
+            extra: Sequence[str] = (), proposed: bool = True) -> list[dict[str, Any]]:
     """Training images/s, mirrorkit vs the tutorial baseline, for every case x replicas."""
     rows = []
-    for model, dataset, batch in cases:
+    for model, dataset, batch, case_epochs in cases:
         for n in replicas:
             args = ["--model", model, "--dataset", dataset, "--replicas", str(n),
-                    "--per-replica-batch", str(batch), "--epochs", str(epochs),
+                    "--per-replica-batch", str(batch), "--epochs", str(epochs or case_epochs),
                     "--seed", "0", *(extra if dataset == "synthetic" else ())]
             log(f"compare: {model} on {dataset}, {n} replica(s), per-replica batch {batch}")
-            base, mk = _alternate(runs, lambda: _run_script([HERE / "baseline_keras.py", *args]),
-                                  lambda: _run_script([HERE / "mirrorkit_side.py", *args]), log)
-            b = _median([r["images_per_sec"] for r in base])
-            m = _median([r["images_per_sec"] for r in mk])
-            rows.append({
+            arms = {
+                "baseline": lambda: _run_script([HERE / "baseline_keras.py", *args]),
+                "mirrorkit": lambda: _run_script([HERE / "mirrorkit_side.py", *args]),
+            }
+            if proposed:
+                arms["proposed"] = lambda: _run_script(
+                    [HERE / "mirrorkit_side.py", *args, *proposed_flags(n)])
+            got = _alternate(runs, arms, log)
+            med = {name: _median([r["images_per_sec"] for r in got[name]]) for name in got}
+            b = med["baseline"]
+            row = {
                 "model": model, "dataset": dataset, "replicas": n, "per_replica_batch": batch,
-                "global_batch": batch * n, "epochs": epochs,
-                "baseline_ips": [r["images_per_sec"] for r in base],
-                "mirrorkit_ips": [r["images_per_sec"] for r in mk],
-                "median_baseline_ips": round(b, 1), "median_mirrorkit_ips": round(m, 1),
-                "ratio": round(m / b, 3), "target": ">= 1.0",
-                "mirrorkit_details": mk[-1], "baseline_details": base[-1],
+                "global_batch": batch * n, "epochs": epochs or case_epochs,
+                "baseline_ips": [r["images_per_sec"] for r in got["baseline"]],
+                "mirrorkit_ips": [r["images_per_sec"] for r in got["mirrorkit"]],
+                "median_baseline_ips": round(b, 1),
+                "median_mirrorkit_ips": round(med["mirrorkit"], 1),
+                "ratio": round(med["mirrorkit"] / b, 3), "target": ">= 1.0",
+                "baseline_details": got["baseline"][-1], "mirrorkit_details": got["mirrorkit"][-1],
                 "command": "python benchmarks/{baseline_keras,mirrorkit_side}.py " + " ".join(args),
-            })
-            log(f"  -> baseline {b:.1f} img/s, mirrorkit {m:.1f} img/s, ratio {m / b:.3f}")
+            }
+            if proposed:
+                row.update({
+                    "proposed_flags": proposed_flags(n),
+                    "proposed_ips": [r["images_per_sec"] for r in got["proposed"]],
+                    "median_proposed_ips": round(med["proposed"], 1),
+                    "proposed_ratio": round(med["proposed"] / b, 3),
+                })
+            rows.append(row)
+            log(f"  -> baseline {b:.1f} img/s, mirrorkit {med['mirrorkit']:.1f} "
+                f"(ratio {med['mirrorkit'] / b:.3f})"
+                + (f", with proposed defaults {med['proposed']:.1f} "
+                   f"(ratio {med['proposed'] / b:.3f})" if proposed else ""))
     return rows
 
 
-def pipeline(runs: int, cases: Sequence[tuple[str, str, int]], replicas: int,
+def pipeline(runs: int, cases: Sequence[tuple[str, str, int, int]], replicas: int,
              consumption: dict[tuple[str, str, int], float] | None,
              log: Callable[[str], None], batches: int = 300) -> list[dict[str, Any]]:
     """Images/s of the default training pipeline alone vs training consumption."""
     rows = []
-    for model, dataset, batch in cases:
+    for model, dataset, batch, _ in cases:
         args = ["--dataset", dataset, "--replicas", str(replicas),
                 "--per-replica-batch", str(batch), "--batches", str(batches)]
         log(f"pipeline: {dataset}, global batch {batch * replicas}")
@@ -184,7 +222,8 @@ def multiworker(runs: int, model: str, dataset: str, batch: int, steps: int,
         return run
 
     log(f"multiworker: {model} on {dataset}, per-worker batch {batch}, 1 vs 2 workers")
-    single, double = _alternate(runs, one((1,)), one((2,)), log)
+    got = _alternate(runs, {"1 worker": one((1,)), "2 workers": one((2,))}, log)
+    single, double = got["1 worker"], got["2 workers"]
     s1 = _median([r["step_time_ms"] for r in single])
     s2 = _median([r["step_time_ms"] for r in double])
     return {
@@ -218,14 +257,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sections", default=",".join(SECTIONS),
                         help=f"comma-separated subset of {', '.join(SECTIONS)}")
     parser.add_argument("--runs", type=int, default=3, help="fresh processes per side (>= 3)")
-    parser.add_argument("--epochs", type=int, default=4,
-                        help="epochs per training run; epoch 1 is warm-up and not timed")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="epochs per training run (default: per case); epoch 1 is warm-up")
     parser.add_argument("--cases", default=None,
-                        help="model:dataset:batch;... (default: cnn:digits:32;resnet20:synthetic:32)")
+                        help="model:dataset:batch:epochs;... "
+                        "(default: cnn:digits:32:8;resnet20:synthetic:32:4)")
     parser.add_argument("--replicas", default="1,2")
     parser.add_argument("--mw-cases", default="resnet20:synthetic:32;cnn:digits:32",
                         help="model:dataset:per-worker-batch;... for the multiworker section")
     parser.add_argument("--mw-steps", type=int, default=30)
+    parser.add_argument("--no-proposed", action="store_true",
+                        help="compare: skip the 'mirrorkit + proposed defaults' arm")
     parser.add_argument("--quick", action="store_true",
                         help="smoke test: 1 run, 2 epochs, few steps (numbers meaningless)")
     parser.add_argument("--output", default=str(HERE / "results.json"))
@@ -236,7 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unknown sections {sorted(unknown)}; accepted: {', '.join(SECTIONS)}")
     cases = CASES
     if opts.cases:
-        cases = tuple((m, d, int(b)) for m, d, b in (c.split(":") for c in opts.cases.split(";")))
+        cases = tuple((m, d, int(b), int(e)) for m, d, b, e in
+                      (c.split(":") for c in opts.cases.split(";")))
     replicas = tuple(int(r) for r in opts.replicas.split(","))
     runs, epochs, mw_steps = opts.runs, opts.epochs, opts.mw_steps
     extra: list[str] = []
@@ -253,7 +296,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "startup" in sections:
         record["startup"] = startup(max(runs, 5) if not opts.quick else 1, log)
     if "compare" in sections:
-        record["compare"] = compare(runs, epochs, cases, replicas, log, extra)
+        record["compare"] = compare(runs, epochs, cases, replicas, log, extra,
+                                    proposed=not opts.no_proposed)
     if "pipeline" in sections:
         consumption = {(r["model"], r["dataset"], r["replicas"]): r["median_mirrorkit_ips"]
                        for r in record.get("compare", [])}
@@ -278,6 +322,10 @@ def summary(record: dict[str, Any]) -> str:
         lines.append(f"| {r['model']} on {r['dataset']}, {r['replicas']} replica(s), global batch "
                      f"{r['global_batch']}: training img/s | baseline {r['median_baseline_ips']} | "
                      f"mirrorkit {r['median_mirrorkit_ips']} | **{r['ratio']}** | {r['target']} |")
+        if "proposed_ratio" in r:
+            lines.append(f"| same, mirrorkit with proposed defaults (`{' '.join(r['proposed_flags'])}`)"
+                         f" | baseline {r['median_baseline_ips']} | mirrorkit {r['median_proposed_ips']}"
+                         f" | **{r['proposed_ratio']}** | {r['target']} |")
     for r in record.get("pipeline", []):
         lines.append(f"| {r['dataset']} pipeline img/s vs {r['model']} training img/s "
                      f"(global batch {r['global_batch']}) | pipeline {r['median_pipeline_ips']} | "
