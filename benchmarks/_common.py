@@ -29,12 +29,26 @@ def parse_args(doc: str) -> argparse.Namespace:
     parser.add_argument("--intra-threads", default=None,
                         help="side B only, to measure a proposed default: TensorFlow intra-op "
                         "threads, N or 'auto' (= cores // replicas)")
-    parser.add_argument("--steps-per-execution", type=int, default=1,
-                        help="side B only, to measure a proposed default (1 replica only)")
+    parser.add_argument("--steps-per-execution", default="1",
+                        help="side B only, to measure a proposed default (1 replica only): N, "
+                        "or 'auto' = the largest divisor of the steps per epoch <= 16")
     args = parser.parse_args()
     if args.epochs < 2:
         parser.error("--epochs must be >= 2: the first epoch is warm-up and not timed")
     return args
+
+
+def auto_steps_per_execution(steps_per_epoch: int, cap: int = 16) -> int:
+    """The largest divisor of ``steps_per_epoch`` that is at most ``cap``.
+
+    A divisor, because Keras runs whole executions: with 44 steps per epoch
+    and 8 steps per execution an epoch would silently become 48 steps.
+
+    Example:
+        >>> auto_steps_per_execution(44), auto_steps_per_execution(32), auto_steps_per_execution(7)
+        (11, 16, 7)
+    """
+    return max(d for d in range(1, min(cap, steps_per_epoch) + 1) if steps_per_epoch % d == 0)
 
 
 def data_options(args: argparse.Namespace) -> Any:
@@ -86,15 +100,16 @@ def report(args: argparse.Namespace, timer: Any, global_batch: int, replicas: in
     is left out. ``images_per_epoch`` is exact for each side (the tutorial
     pipeline keeps its short last batch, mirrorkit's drops it).
     """
-    timed = [d for d, e in zip(timer.durations, timer.epochs) if e >= 1]
+    timed = [(d, n) for d, n, e in zip(timer.durations, timer.steps, timer.epochs) if e >= 1]
     epochs = len({e for e in timer.epochs if e >= 1})
-    seconds = float(sum(timed))
+    seconds = float(sum(d for d, _ in timed))
+    per_step = [d / n for d, n in timed]
     result = {
         "variant": variant, "model": args.model, "dataset": args.dataset,
         "replicas": replicas, "global_batch": global_batch, "epochs_timed": epochs,
-        "steps_timed": len(timed), "seconds_timed": round(seconds, 4),
+        "steps_timed": sum(n for _, n in timed), "seconds_timed": round(seconds, 4),
         "images_per_sec": round(epochs * images_per_epoch / seconds, 2) if seconds else 0.0,
-        "median_step_ms": round(statistics.median(timed) * 1000, 3) if timed else None,
+        "median_step_ms": round(statistics.median(per_step) * 1000, 3) if timed else None,
     }
     result.update(extra or {})
     print(RESULT + json.dumps(result), flush=True)

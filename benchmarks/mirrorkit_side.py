@@ -18,7 +18,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import data_options, parse_args, report  # noqa: E402
+from _common import auto_steps_per_execution, data_options, parse_args, report  # noqa: E402
 
 
 def main() -> None:
@@ -38,12 +38,19 @@ def main() -> None:
 
     if args.limit and args.dataset != "synthetic":
         raise SystemExit("--limit is supported for synthetic data only on this side")
+    spe = args.steps_per_execution
+    if spe == "auto":
+        from mirrorkit.datasets import load
+
+        examples = load(args.dataset, data_options(args)).train_examples
+        spe = auto_steps_per_execution(examples // (args.per_replica_batch * args.replicas))
+    spe = int(spe)
     timer = step_timer()
     with tempfile.TemporaryDirectory(prefix="mirrorkit-bench-") as tmp:
         config = TrainConfig(
             model=args.model, dataset=args.dataset, data=data_options(args),
             epochs=args.epochs, per_replica_batch=args.per_replica_batch, seed=args.seed,
-            steps_per_execution=args.steps_per_execution,
+            steps_per_execution=spe,
             simulate_cpus=args.replicas, output=os.path.join(tmp, "run"))
         result = train(config, callbacks=[timer])
     metrics = result.metrics
@@ -51,8 +58,7 @@ def main() -> None:
            images_per_epoch=metrics["steps_per_epoch"] * metrics["global_batch"],
            variant="mirrorkit.training.train" + (
                f" + intra_threads={args.intra_threads}" if args.intra_threads else "") + (
-               f" + steps_per_execution={args.steps_per_execution}"
-               if args.steps_per_execution > 1 else ""),
+               f" + steps_per_execution={spe}" if spe > 1 else ""),
            extra={"meter_images_per_sec": metrics["images_per_second"],
                   "val_accuracy": round(metrics["val_accuracy"], 4)})
 

@@ -120,12 +120,12 @@ def proposed_flags(replicas: int) -> list[str]:
     * 2+ simulated replicas: intra-op threads = cores // replicas (the
       replicas already run in parallel; splitting every op over all cores
       oversubscribes them).
-    * 1 replica: steps_per_execution=8 (safe with one replica; keras#19246
-      breaks it with 2+).
+    * 1 replica: steps_per_execution = the largest divisor of the steps per
+      epoch up to 16 (safe with one replica; keras#19246 breaks it with 2+).
     """
     if replicas > 1:
         return ["--intra-threads", "auto"]
-    return ["--steps-per-execution", "8"]
+    return ["--steps-per-execution", "auto"]
 
 
 def compare(runs: int, epochs: int | None, cases: Sequence[tuple[str, str, int, int]],
