@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from conftest import REPO, clean_env
+from conftest import REPO, clean_env, result_line
 from mirrorkit.cli import cli
 
 # A plain Keras script: no mirrorkit, no tf.distribute.
@@ -97,6 +97,96 @@ print("RESULT " + json.dumps(out))
 """
 
 
+# Strategies the script creates itself, and the fit safeguards, seen from
+# inside a script run through the library (so restoration can be checked).
+OWN = r"""
+import json, keras, numpy as np, tensorflow as tf
+out = {}
+ours = tf.distribute.get_strategy()
+out["ours"] = [type(ours).__name__, ours.num_replicas_in_sync]
+out["adopted"] = {
+    "MirroredStrategy()": tf.distribute.MirroredStrategy() is ours,
+    "cross_device_ops": tf.distribute.MirroredStrategy(
+        cross_device_ops=tf.distribute.ReductionToOneDevice()) is ours,
+    "same devices": tf.distribute.MirroredStrategy(["/cpu:1", "/cpu:0"]) is ours,
+    "MultiWorkerMirroredStrategy()": tf.distribute.MultiWorkerMirroredStrategy() is ours,
+    "experimental": tf.distribute.experimental.MultiWorkerMirroredStrategy() is ours,
+}
+out["isinstance"] = [isinstance(ours, tf.distribute.MirroredStrategy),
+                     isinstance(ours, tf.distribute.MultiWorkerMirroredStrategy),
+                     issubclass(type(ours), tf.distribute.MirroredStrategy)]
+
+def bn_model():
+    m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4),
+                          keras.layers.BatchNormalization(), keras.layers.Dense(1)])
+    m.compile("sgd", "mse")
+    return m
+
+class Count(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None): self.n = {"train": 0, "test": 0}
+    def on_train_batch_end(self, batch, logs=None): self.n["train"] += 1
+    def on_test_batch_end(self, batch, logs=None): self.n["test"] += 1
+
+rng = np.random.default_rng(0)
+x, y = rng.random((43, 3), "float32"), rng.random((43, 1), "float32")
+w = rng.random(43).astype("float32")
+model = bn_model()
+c = Count()
+# Keras validates on the last 22 (floor(43 * 0.5) = 21 train); 21 % 4 == 1 < 2
+# replicas: the one trailing training example is left out (5 batches, not 6).
+history = model.fit(x, y, sample_weight=w, batch_size=4, validation_split=0.5,
+                    epochs=1, verbose=0, callbacks=[c])
+out["trim_batches"] = c.n
+out["val_loss_is_last_22"] = abs(history.history["val_loss"][0] - model.evaluate(
+    x[21:], y[21:], sample_weight=w[21:], batch_size=4, verbose=0)) < 1e-5
+c = Count()
+model.fit(x[:40], y[:40], batch_size=4, epochs=1, verbose=0, callbacks=[c])
+out["even_batches"] = c.n["train"]
+
+# A dataset is not rewritten (last batch: 1 example). After Dense, BatchNormalization
+# turns the weights into NaN (warned); after Conv2D it fails (the error explains).
+dense = bn_model()
+dense.fit(tf.data.Dataset.from_tensor_slices((x[:21], y[:21])).batch(4), epochs=2, verbose=0)
+out["dataset_dense_nan"] = bool(np.isnan(dense.get_weights()[0]).any())
+conv = keras.Sequential([keras.Input((4, 4, 1)), keras.layers.Conv2D(2, 3),
+                         keras.layers.BatchNormalization(), keras.layers.Flatten(),
+                         keras.layers.Dense(1)])
+conv.compile("sgd", "mse")
+try:
+    conv.fit(tf.data.Dataset.from_tensor_slices((np.zeros((21, 4, 4, 1)), y[:21])).batch(4),
+             verbose=0)
+    out["dataset_conv"] = "trained"
+except tf.errors.InvalidArgumentError as err:
+    out["dataset_conv"] = getattr(err, "__notes__", [])
+
+# A strategy pinned to devices is used as written; mirrorkit steps aside.
+one = tf.distribute.OneDeviceStrategy("/cpu:0")
+out["after_pinned_has_strategy"] = tf.distribute.has_strategy()
+with one.scope():
+    out["one_device_replicas"] = bn_model().distribute_strategy.num_replicas_in_sync
+explicit = tf.distribute.MirroredStrategy(["/cpu:1"])
+with explicit.scope():
+    m = bn_model()
+m.fit(x, y, batch_size=4, verbose=0)
+out["explicit"] = [explicit is ours, m.distribute_strategy.num_replicas_in_sync]
+print("OWN " + json.dumps(out))
+"""
+
+OWN_DRIVER = r"""
+import json, sys
+import tensorflow as tf
+from mirrorkit.runner import RunConfig, run_script
+original = tf.distribute.MirroredStrategy, tf.distribute.experimental.MultiWorkerMirroredStrategy
+run_script(RunConfig(sys.argv[1], simulate_cpus=2))
+print("RESULT " + json.dumps({
+    "classes_restored": (tf.distribute.MirroredStrategy,
+                         tf.distribute.experimental.MultiWorkerMirroredStrategy) == original
+                        and tf.compat.v2.distribute.MirroredStrategy is original[0],
+    "scope_left": not tf.distribute.has_strategy(),
+}))
+"""
+
+
 def _start(args: list[str], cwd: Path, **env: str) -> subprocess.Popen:
     return subprocess.Popen(args, cwd=str(cwd), env=clean_env(**env), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -112,6 +202,8 @@ def runs(tmp_path_factory):
     boom = tmp / "scripts" / "boom.py"
     boom.write_text(BOOM)
     (tmp / "library.py").write_text(LIBRARY)
+    (tmp / "scripts" / "own.py").write_text(OWN)
+    (tmp / "own_driver.py").write_text(OWN_DRIVER)
     mk = [sys.executable, "-m", "mirrorkit.cli", "run"]
     procs = {
         "global": _start([*mk, "--simulate-cpus", "2", str(plain), "--epochs", "3", "-x"],
@@ -124,6 +216,8 @@ def runs(tmp_path_factory):
         "app": _start([*mk, "--simulate-cpus", "2", "apps/plain_keras_script.py", "--epochs", "2",
                        "--batch-size", "64"], REPO),
         "minimal": _start([*mk, "--simulate-cpus", "2", "apps/minimal_change.py"], REPO),
+        "own": _start([sys.executable, str(tmp / "own_driver.py"), str(tmp / "scripts" / "own.py")],
+                      tmp),
     }
     done = {}
     for name, proc in procs.items():
@@ -194,6 +288,39 @@ def test_library_restores_state_and_passes_exits_and_errors_through(runs):
     assert r["env_restored"] == []
     assert r["failed_message"] == "ZeroDivisionError: division by zero"
     assert r["failed_traceback"].startswith("Traceback (most recent call last):\n  File ")
+
+
+def test_scripts_own_strategies_are_mirrorkits_unless_pinned_to_devices(runs):
+    proc = runs["own"]
+    assert proc.returncode == 0, proc.stderr
+    own = json.loads(_lines(proc.stdout, "OWN ")[0])
+    assert own["ours"] == ["MirroredStrategy", 2]
+    assert all(own["adopted"].values()), own["adopted"]
+    assert own["isinstance"] == [True, False, True]
+    # Pinned to devices: created as written, and mirrorkit's scope is left for it.
+    assert own["after_pinned_has_strategy"] is False
+    assert own["one_device_replicas"] == 1
+    assert own["explicit"] == [False, 1]
+    restored = result_line(proc.stdout)
+    assert restored == {"classes_restored": True, "scope_left": True}
+
+
+def test_fit_leaves_out_the_examples_that_would_leave_a_replica_empty(runs):
+    own = json.loads(_lines(runs["own"].stdout, "OWN ")[0])
+    assert own["trim_batches"] == {"train": 5, "test": 6}
+    assert own["val_loss_is_last_22"] is True
+    assert own["even_batches"] == 10                     # 40 / 4: nothing left out
+    assert runs["own"].stderr.count("fit leaves out the last 1 of 21 training examples") == 1
+
+
+def test_an_uneven_dataset_is_not_rewritten_and_its_failure_says_why(runs):
+    own = json.loads(_lines(runs["own"].stdout, "OWN ")[0])
+    notes = own["dataset_conv"]
+    assert len(notes) == 1 and "drop_remainder=True" in notes[0], notes
+    assert own["dataset_dense_nan"] is True                  # upstream: silent NaN
+    nan_warnings = [line for line in runs["own"].stderr.splitlines()
+                    if line.startswith("fit's loss is NaN on 2 replicas")]
+    assert len(nan_warnings) == 1 and "drop_remainder=True" in nan_warnings[0]
 
 
 def test_example_apps_train_on_two_replicas(runs):

@@ -2,10 +2,38 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from typing import Iterator
+
 import click
 
 from mirrorkit import _env
 from mirrorkit.commands._common import simulate_cpus_option, strategy_option, user_errors
+
+
+class _RunLog(logging.Handler):
+    """The runner's messages (adopted strategies, trimmed examples) as one stderr line each."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        click.echo(f"mirrorkit run: {record.getMessage()}", err=True)
+
+
+@contextlib.contextmanager
+def _runner_log() -> Iterator[None]:
+    # Info level: saying which strategy the script's own construction got is
+    # part of the command's output, not a debugging detail.
+    log = logging.getLogger("mirrorkit.runner")
+    handler, saved = _RunLog(), (log.level, log.propagate)
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(saved[0])
+        log.propagate = saved[1]
 
 
 def _announce(runtime, scale: bool) -> None:
@@ -29,15 +57,31 @@ def run(simulate_cpus: int | None, strategy: str | None, scale_batch: bool | Non
         script: str, args: tuple[str, ...]) -> None:
     """Run SCRIPT as `python SCRIPT ARGS` would, with every Keras model mirrored.
 
-    The strategy is created and made the default before the script starts, so
+    The strategy is created and its scope entered before the script starts, so
     models it builds, compiles and fits train on all replicas without a code
-    change. Options for mirrorkit go before SCRIPT; everything after it is the
-    script's own. Exit code is the script's.
+    change; tf.distribute.get_strategy() returns it. Options for mirrorkit go
+    before SCRIPT; everything after it is the script's own. Exit code and
+    traceback are the script's.
+
+    \b
+    Scripts that create their own strategy:
+      tf.distribute.MirroredStrategy() and (experimental.)MultiWorkerMirroredStrategy(),
+      without arguments or with only cross_device_ops/communication options,
+      return mirrorkit's strategy (one "mirrorkit run:" line says so).
+      A strategy pinned to devices (MirroredStrategy(devices=[...]),
+      OneDeviceStrategy) is used as written and mirrorkit's scope is left.
+
+    \b
+    Uneven last batch: with N replicas, fit on arrays leaves out the < N
+    trailing training examples that would give a replica an empty batch
+    (one warning; validation_split is taken first, as Keras does). Batch a
+    tf.data.Dataset with drop_remainder=True yourself.
 
     \b
     Examples:
       mirrorkit run --simulate-cpus 2 apps/plain_keras_script.py --epochs 3
       mirrorkit run --scale-batch train.py --batch-size 64   # 64 per replica
+      mirrorkit launch -n 2 -- mirrorkit run tf_multi_worker_tutorial.py
     """
     from mirrorkit.runner import RunConfig, ScriptFailed, run_script
 
@@ -49,7 +93,7 @@ def run(simulate_cpus: int | None, strategy: str | None, scale_batch: bool | Non
     config = RunConfig(script=script, args=tuple(args), strategy=strategy,
                        simulate_cpus=simulate_cpus, scale_batch=scale_batch)
     try:
-        with user_errors():
+        with user_errors(), _runner_log():
             _env.quiet_tensorflow()
             # Errors raised before the script starts are mirrorkit's to report
             # in one line; the script's own errors come back as ScriptFailed.
