@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Mapping, Sequence
 
 from mirrorkit import _env
+from mirrorkit.autofix import SITE_DIR
 from mirrorkit.cluster import build_tf_config, parse_address
 
 logger = logging.getLogger(__name__)
@@ -616,6 +617,10 @@ class _Group:
                 env[_env.RESTART_COUNT] = str(restart)
                 # Live output: Python workers must not block-buffer into the pipe.
                 env["PYTHONUNBUFFERED"] = "1"
+                # Python workers that never import mirrorkit still get its Keras
+                # fixes (mirrorkit.autofix); MIRRORKIT_COMPAT=off turns them off.
+                env["PYTHONPATH"] = os.pathsep.join(
+                    filter(None, [str(SITE_DIR), base_env.get("PYTHONPATH")]))
                 if spec.gpus_per_worker:
                     env["CUDA_VISIBLE_DEVICES"] = visible_devices(
                         j, spec.gpus_per_worker, parent_devices)
@@ -699,7 +704,9 @@ def launch(spec: LaunchSpec, *, stdout: IO[str] | None = None,
     """Run ``spec.nproc`` workers as one ``TF_CONFIG`` cluster until they finish.
 
     Each worker gets ``TF_CONFIG`` (rank 0 is the chief), the restart count
-    in ``MIRRORKIT_RESTART_COUNT``, one ``MIRRORKIT_RUN_ID`` for the job, ``PYTHONUNBUFFERED=1`` and, with
+    in ``MIRRORKIT_RESTART_COUNT``, one ``MIRRORKIT_RUN_ID`` for the job, ``PYTHONUNBUFFERED=1``, mirrorkit's
+    Keras fixes for Python programs that never import mirrorkit
+    (:mod:`mirrorkit.autofix`, via ``PYTHONPATH``) and, with
     ``gpus_per_worker``, its own ``CUDA_VISIBLE_DEVICES``. Every output line
     is forwarded with a ``[rank] `` prefix. When a worker fails, the others
     are stopped (SIGTERM, SIGKILL after ``grace_period``) and, while restarts

@@ -402,6 +402,44 @@ def test_two_workers_train_the_multi_worker_app(start, tmp_path):
     assert (out / "model.keras").exists()
 
 
+TUTORIAL = str(FIXTURES / "scripts" / "tf_multi_worker_tutorial.py")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("compat", ["on", "off"])
+def test_unmodified_tutorial_script_trains_because_launch_applies_the_fixes(
+        start, tmp_path, compat):
+    # The script never imports mirrorkit: stock Keras 3 fails under
+    # MultiWorkerMirroredStrategy (keras#20585) unless the launcher's
+    # bootstrap applies mirrorkit's fixes; MIRRORKIT_COMPAT=off shows it.
+    env = {"MIRRORKIT_COMPAT": "off"} if compat == "off" else {}
+    code, stdout, stderr = start(["-n", "2", "--", "python", TUTORIAL],
+                                 env=env).wait(240)
+    if compat == "on":
+        assert code == 0, stdout[-3000:] + stderr[-3000:]
+        assert {p.name for p in tmp_path.glob("worker-*.json")} == {"worker-0.json",
+                                                                   "worker-1.json"}
+    else:
+        assert code != 0
+        assert "PerReplica" in stdout + stderr
+        assert not list(tmp_path.glob("worker-*.json"))
+
+
+def test_bootstrap_runs_a_shadowed_sitecustomize_and_installs_the_hook(tmp_path):
+    from mirrorkit.autofix import SITE_DIR
+
+    (tmp_path / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = '1'\n")
+    code = ("import os, sys\n"
+            "print(os.environ.get('USER_SITE_RAN'),"
+            " any(type(f).__name__ == '_AfterImport' for f in sys.meta_path),"
+            " 'tensorflow' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=clean_env(PYTHONPATH=os.pathsep.join([str(SITE_DIR),
+                                                                    str(tmp_path)])),
+                          timeout=60)
+    assert proc.stdout.split() == ["1", "True", "False"], proc.stderr
+
+
 def history(out: Path, rank: int) -> list[tuple[int, int]]:
     """(restart, epoch) of every epoch worker ``rank`` finished, in order."""
     lines = (out / f"history-{rank}.jsonl").read_text().splitlines()

@@ -1,0 +1,1 @@
+"""Holds the ``sitecustomize`` that ``mirrorkit launch`` puts on workers' PYTHONPATH."""
