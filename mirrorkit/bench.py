@@ -345,7 +345,13 @@ def _spec(config: BenchConfig, case: Case) -> dict[str, Any]:
     }
 
 
-def _parse_result(stdout: str) -> dict[str, Any] | None:
+def parse_result(stdout: str) -> dict[str, Any] | None:
+    """The result dict a :func:`child_command` process printed, or None.
+
+    Example:
+        >>> parse_result('noise\\n' + RESULT_TAG + '{"images_per_sec": 5.0}')
+        {'images_per_sec': 5.0}
+    """
     for line in reversed(stdout.splitlines()):
         if line.startswith(RESULT_TAG):
             return json.loads(line[len(RESULT_TAG):])
@@ -368,7 +374,18 @@ def _reason(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def _child_command(config: BenchConfig, case: Case) -> list[str]:
+def child_command(config: BenchConfig, case: Case) -> list[str]:
+    """The command that measures ``case`` in a fresh process (one worker of it).
+
+    It prints one line starting with :data:`RESULT_TAG` followed by JSON
+    (``images_per_sec``, ``step_time_ms``, ``steps``, ...); read it with
+    :func:`parse_result`. ``TF_CONFIG`` in its environment makes it a worker
+    of a multi-worker case.
+
+    Example:
+        >>> child_command(BenchConfig(), Case(1, 2))[1:4]
+        ['-m', 'mirrorkit.bench', '--child']
+    """
     return [sys.executable, "-m", "mirrorkit.bench", "--child", json.dumps(_spec(config, case))]
 
 
@@ -379,11 +396,11 @@ def _run_case(config: BenchConfig, case: Case) -> dict[str, Any]:
     # The child enforces the timeout itself (see _watchdog); this is a backstop.
     env = _child_env({"TF_CONFIG": None})
     try:
-        proc = subprocess.run(_child_command(config, case), capture_output=True, text=True,
+        proc = subprocess.run(child_command(config, case), capture_output=True, text=True,
                               env=env, timeout=config.timeout + 60)
     except subprocess.TimeoutExpired as err:
         raise RuntimeError(f"timed out after {config.timeout:.0f} s") from err
-    result = _parse_result(proc.stdout)
+    result = parse_result(proc.stdout)
     if proc.returncode != 0 or result is None:
         raise RuntimeError(f"exited with {proc.returncode}: {_reason(proc.stderr) or 'no output'}")
     return result
@@ -395,7 +412,7 @@ def _run_workers(config: BenchConfig, case: Case) -> dict[str, Any]:
     from mirrorkit.launcher import LaunchSpec, launch
 
     out, err = io.StringIO(), io.StringIO()
-    spec = LaunchSpec(command=tuple(_child_command(config, case)), nproc=case.workers,
+    spec = LaunchSpec(command=tuple(child_command(config, case)), nproc=case.workers,
                       grace_period=2.0, env={"TF_CPP_MIN_LOG_LEVEL": "2"})
     result = launch(spec, stdout=out, stderr=err)
     if result.exit_code != 0:
@@ -404,7 +421,7 @@ def _run_workers(config: BenchConfig, case: Case) -> dict[str, Any]:
         raise RuntimeError(f"{cause.describe() if cause else result.summary()}"
                            f"{': ' + detail if detail else ''}")
     chief = "\n".join(line[4:] for line in out.getvalue().splitlines() if line.startswith("[0] "))
-    parsed = _parse_result(chief)
+    parsed = parse_result(chief)
     if parsed is None:
         raise RuntimeError(f"worker 0 printed no result: {_reason(err.getvalue())}")
     return parsed
