@@ -29,6 +29,9 @@ def parse_args(doc: str) -> argparse.Namespace:
     parser.add_argument("--intra-threads", default=None,
                         help="side B only, to measure a proposed default: TensorFlow intra-op "
                         "threads, N or 'auto' (= cores // replicas)")
+    parser.add_argument("--cache-synthetic", action="store_true",
+                        help="side B only, to measure a proposed default: generate the "
+                        "synthetic images once and cache them")
     parser.add_argument("--steps-per-execution", default="1",
                         help="side B only, to measure a proposed default (1 replica only): N, "
                         "or 'auto' = the largest divisor of the steps per epoch <= 16")

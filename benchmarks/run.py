@@ -87,6 +87,11 @@ def _median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
 
 
+def _paired(b: Sequence[dict[str, Any]], a: Sequence[dict[str, Any]]) -> float:
+    """Median over rounds of b/a images/s (each round ran a and b back to back)."""
+    return round(_median([x["images_per_sec"] / y["images_per_sec"] for x, y in zip(b, a)]), 3)
+
+
 # --------------------------------------------------------------------------
 # sections
 # --------------------------------------------------------------------------
@@ -114,18 +119,18 @@ def startup(runs: int, log: Callable[[str], None]) -> dict[str, Any]:
             "command": f"{' '.join(help_cmd)}  vs  {' '.join(tf_cmd)}"}
 
 
-def proposed_flags(replicas: int) -> list[str]:
+def proposed_flags(replicas: int, dataset: str) -> list[str]:
     """Side-B flags that apply the mirrorkit defaults RESULTS.md proposes (not yet adopted).
 
-    * 2+ simulated replicas: intra-op threads = cores // replicas (the
+    * P1, 2+ simulated replicas: intra-op threads = cores // replicas (the
       replicas already run in parallel; splitting every op over all cores
       oversubscribes them).
-    * 1 replica: steps_per_execution = the largest divisor of the steps per
-      epoch up to 16 (safe with one replica; keras#19246 breaks it with 2+).
+    * P2, 1 replica: steps_per_execution = the largest divisor of the steps
+      per epoch up to 16 (safe with one replica; keras#19246 breaks it with 2+).
+    * P3, synthetic data: generate the images once and cache them.
     """
-    if replicas > 1:
-        return ["--intra-threads", "auto"]
-    return ["--steps-per-execution", "auto"]
+    flags = ["--intra-threads", "auto"] if replicas > 1 else ["--steps-per-execution", "auto"]
+    return flags + (["--cache-synthetic"] if dataset == "synthetic" else [])
 
 
 def compare(runs: int, epochs: int | None, cases: Sequence[tuple[str, str, int, int]],
@@ -145,7 +150,7 @@ def compare(runs: int, epochs: int | None, cases: Sequence[tuple[str, str, int, 
             }
             if proposed:
                 arms["proposed"] = lambda: _run_script(
-                    [HERE / "mirrorkit_side.py", *args, *proposed_flags(n)])
+                    [HERE / "mirrorkit_side.py", *args, *proposed_flags(n, dataset)])
             got = _alternate(runs, arms, log)
             med = {name: _median([r["images_per_sec"] for r in got[name]]) for name in got}
             b = med["baseline"]
@@ -157,12 +162,16 @@ def compare(runs: int, epochs: int | None, cases: Sequence[tuple[str, str, int, 
                 "median_baseline_ips": round(b, 1),
                 "median_mirrorkit_ips": round(med["mirrorkit"], 1),
                 "ratio": round(med["mirrorkit"] / b, 3), "target": ">= 1.0",
+                # Each round runs the arms back to back, so a per-round ratio
+                # cancels slow drifts in machine load better than medians do.
+                "paired_ratio": _paired(got["mirrorkit"], got["baseline"]),
                 "baseline_details": got["baseline"][-1], "mirrorkit_details": got["mirrorkit"][-1],
                 "command": "python benchmarks/{baseline_keras,mirrorkit_side}.py " + " ".join(args),
             }
             if proposed:
                 row.update({
-                    "proposed_flags": proposed_flags(n),
+                    "proposed_flags": proposed_flags(n, dataset),
+                    "paired_proposed_ratio": _paired(got["proposed"], got["baseline"]),
                     "proposed_ips": [r["images_per_sec"] for r in got["proposed"]],
                     "median_proposed_ips": round(med["proposed"], 1),
                     "proposed_ratio": round(med["proposed"] / b, 3),
@@ -344,15 +353,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def summary(record: dict[str, Any]) -> str:
     """Markdown table of every ratio in ``record`` (for RESULTS.md)."""
-    lines = ["| figure | A | B | ratio | target |", "|---|---|---|---|---|"]
+    lines = ["| figure | A | B | ratio (paired) | target |", "|---|---|---|---|---|"]
     for r in record.get("compare", []):
         lines.append(f"| {r['model']} on {r['dataset']}, {r['replicas']} replica(s), global batch "
                      f"{r['global_batch']}: training img/s | baseline {r['median_baseline_ips']} | "
-                     f"mirrorkit {r['median_mirrorkit_ips']} | **{r['ratio']}** | {r['target']} |")
+                     f"mirrorkit {r['median_mirrorkit_ips']} | **{r['ratio']}** "
+                     f"({r['paired_ratio']}) | {r['target']} |")
         if "proposed_ratio" in r:
             lines.append(f"| same, mirrorkit with proposed defaults (`{' '.join(r['proposed_flags'])}`)"
                          f" | baseline {r['median_baseline_ips']} | mirrorkit {r['median_proposed_ips']}"
-                         f" | **{r['proposed_ratio']}** | {r['target']} |")
+                         f" | **{r['proposed_ratio']}** ({r['paired_proposed_ratio']}) | "
+                         f"{r['target']} |")
     for r in record.get("pipeline", []):
         lines.append(f"| {r['dataset']} pipeline img/s vs {r['model']} training img/s "
                      f"(global batch {r['global_batch']}) | pipeline {r['median_pipeline_ips']} | "
