@@ -348,6 +348,7 @@ def test_workers_die_with_a_sigkilled_launcher(start, tmp_path):
     os.kill(launcher.proc.pid, signal.SIGKILL)
     launcher.wait(30)
     wait_for(lambda: not [p for p in pids if alive(p)], 10, "orphaned workers to die")
+    assert len(pids) == 2 and not [p for p in pids if alive(p)]
 
 
 def test_fixed_port_is_used_and_a_busy_one_is_an_error(start, tmp_path):
