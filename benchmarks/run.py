@@ -135,8 +135,13 @@ def proposed_flags(replicas: int, dataset: str) -> list[str]:
 
 def compare(runs: int, epochs: int | None, cases: Sequence[tuple[str, str, int, int]],
             replicas: Sequence[int], log: Callable[[str], None],
-            extra: Sequence[str] = (), proposed: bool = True) -> list[dict[str, Any]]:
-    """Training images/s, mirrorkit vs the tutorial baseline, for every case x replicas."""
+            extra: Sequence[str] = (), proposed: bool = True,
+            flags: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Training images/s, mirrorkit vs the tutorial baseline, for every case x replicas.
+
+    ``flags`` replaces :func:`proposed_flags` for the third arm (to measure
+    one proposal alone).
+    """
     rows = []
     for model, dataset, batch, case_epochs in cases:
         for n in replicas:
@@ -150,7 +155,8 @@ def compare(runs: int, epochs: int | None, cases: Sequence[tuple[str, str, int, 
             }
             if proposed:
                 arms["proposed"] = lambda: _run_script(
-                    [HERE / "mirrorkit_side.py", *args, *proposed_flags(n, dataset)])
+                    [HERE / "mirrorkit_side.py", *args,
+                     *(flags if flags is not None else proposed_flags(n, dataset))])
             got = _alternate(runs, arms, log)
             med = {name: _median([r["images_per_sec"] for r in got[name]]) for name in got}
             b = med["baseline"]
@@ -170,7 +176,8 @@ def compare(runs: int, epochs: int | None, cases: Sequence[tuple[str, str, int, 
             }
             if proposed:
                 row.update({
-                    "proposed_flags": proposed_flags(n, dataset),
+                    "proposed_flags": list(flags if flags is not None
+                                           else proposed_flags(n, dataset)),
                     "paired_proposed_ratio": _paired(got["proposed"], got["baseline"]),
                     "proposed_ips": [r["images_per_sec"] for r in got["proposed"]],
                     "median_proposed_ips": round(med["proposed"], 1),
@@ -302,6 +309,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--mw-cases", default="resnet20:synthetic:32;cnn:digits:32",
                         help="model:dataset:per-worker-batch;... for the multiworker section")
     parser.add_argument("--mw-steps", type=int, default=30)
+    parser.add_argument("--proposed-flags", default=None,
+                        help="compare: side-B flags of the third arm instead of every "
+                        "proposal, e.g. '--cache-synthetic' to measure one alone")
     parser.add_argument("--no-proposed", action="store_true",
                         help="compare: skip the 'mirrorkit + proposed defaults' arm")
     parser.add_argument("--quick", action="store_true",
@@ -333,7 +343,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         record["startup"] = startup(max(runs, 5) if not opts.quick else 1, log)
     if "compare" in sections:
         record["compare"] = compare(runs, epochs, cases, replicas, log, extra,
-                                    proposed=not opts.no_proposed)
+                                    proposed=not opts.no_proposed,
+                                    flags=None if opts.proposed_flags is None
+                                    else opts.proposed_flags.split())
     if "pipeline" in sections:
         consumption = {(r["model"], r["dataset"], r["replicas"]): r["median_mirrorkit_ips"]
                        for r in record.get("compare", [])}
