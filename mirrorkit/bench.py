@@ -178,6 +178,13 @@ class BenchConfig:
             raise ValueError(f"`model` must be a model name. Received: model={self.model!r}")
         if not self.dataset or not isinstance(self.dataset, str):
             raise ValueError(f"`dataset` must be a dataset name. Received: dataset={self.dataset!r}")
+        # Fail here, in one line, rather than once per configuration after a
+        # TensorFlow start-up each (both checks are TensorFlow-free).
+        from mirrorkit.datasets import parse_spec
+        from mirrorkit.models import model_spec
+
+        model_spec(self.model)
+        parse_spec(self.dataset)
         if not (isinstance(self.timeout, (int, float)) and self.timeout > 0):
             raise ValueError(f"`timeout` must be a positive number of seconds. "
                              f"Received: timeout={self.timeout!r}")

@@ -117,14 +117,19 @@ except ImportError as err:
 
 # ---------------------------------------------------------------- CLI
 
-@pytest.mark.parametrize("args, name", [(["--replicas", "0,x"], "replicas"),
-                                        (["--workers", "1,-2"], "workers")])
-def test_bad_lists_are_one_line_and_nonzero(args, name):
+@pytest.mark.parametrize("args, start", [
+    (["--replicas", "0,x"], "Error: `replicas` must be a comma-separated list"),
+    (["--workers", "1,-2"], "Error: `workers` must be a comma-separated list"),
+    (["--model", "resnet21"], "Error: "),
+    (["--dataset", "digitz"], "Error: "),
+])
+def test_bad_input_is_one_line_and_nonzero(args, start):
     result = CliRunner().invoke(cli, ["bench", *args])
     assert result.exit_code != 0
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
     assert len(lines) == 1, result.output
-    assert lines[0].startswith(f"Error: `{name}` must be a comma-separated list")
+    assert lines[0].startswith(start)
+    assert args[1] in lines[0]  # the message names the value received
 
 
 @pytest.mark.slow
