@@ -2,9 +2,10 @@
 
 With TensorFlow 2.21 and Keras 3.15, ``model.fit`` under
 ``tf.distribute.MultiWorkerMirroredStrategy`` fails before the first step
-(keras-team/keras#20585, tensorflow/tensorflow#72388). Two independent spots
-in ``keras/src/backend/tensorflow/trainer.py`` are to blame; each has a fix
-here:
+(keras-team/keras#20585, tensorflow/tensorflow#72388), and
+``steps_per_execution > 1`` fails under any strategy with 2+ replicas
+(keras-team/keras#19246). Three independent spots in
+``keras/src/backend/tensorflow/trainer.py`` are to blame; each has a fix here:
 
 ``symbolic-build`` (keras#20585, part 1)
     ``TensorFlowTrainer._maybe_symbolic_build`` peeks at one batch and calls
@@ -24,6 +25,14 @@ here:
     dimensions``. The fix reduces rank-0 values with ``axis=None`` (the mean
     over replicas, which is what the single-worker branch computes) and
     leaves every other value and reduction to Keras.
+
+``multi-step`` (keras#19246)
+    With ``steps_per_execution > 1`` Keras runs each step inside a
+    ``tf.cond`` in a ``tf.while_loop``; under 2+ replicas the cond's branch
+    captures per-replica tensors it never feeds ("You must feed a value for
+    placeholder tensor ..."). The fix (:mod:`mirrorkit._multistep`) runs the
+    same steps in a while loop whose condition, not a cond around the step,
+    checks for the next batch. One replica keeps Keras's code.
 
 ``predict`` needs no fix on the installed versions: Keras gathers every
 replica's outputs in replica order (``_multi_worker_concat``) and the array
@@ -53,7 +62,7 @@ Example:
     >>> import mirrorkit
     >>> strategy = tf.distribute.MultiWorkerMirroredStrategy()   # doctest: +SKIP
     >>> mirrorkit.fix_multi_worker()                             # doctest: +SKIP
-    {'symbolic-build': 'applied', 'scalar-logs': 'applied'}
+    {'symbolic-build': 'applied', 'scalar-logs': 'applied', 'multi-step': 'applied'}
 """
 
 from __future__ import annotations
@@ -64,7 +73,7 @@ import inspect
 import logging
 from typing import Any, Callable, Iterable
 
-from mirrorkit import _env
+from mirrorkit import _env, _multistep
 
 logger = logging.getLogger(__name__)
 
@@ -235,6 +244,16 @@ FIXES: dict[str, Fix] = {
         _broken_marker='strategy.reduce("MEAN",v,axis=0)',
         _make=_make_scalar_logs,
     ),
+    "multi-step": Fix(
+        name="multi-step",
+        ref="keras#19246",
+        summary="steps_per_execution > 1 fails in fit/evaluate under a strategy "
+        "with 2+ replicas (the step runs inside a tf.cond in a while loop).",
+        error="You must feed a value for placeholder tensor",
+        _target=(_TRAINER, "_make_function", "TensorFlowTrainer"),
+        _broken_marker="one_step_on_data(next_optional_inputs.get_value())",
+        _make=_multistep.make,
+    ),
 }
 
 
@@ -269,7 +288,8 @@ def apply(*, disable: Iterable[str] | None = None) -> dict[str, str]:
     Safe to call many times and under any strategy: a patched function
     behaves exactly like the original unless batches are split across
     replicas (``symbolic-build``: 2+ replicas or multi-worker mode;
-    ``scalar-logs``: a ``MultiWorkerMirroredStrategy`` in multi-worker mode).
+    ``scalar-logs``: a ``MultiWorkerMirroredStrategy`` in multi-worker mode;
+    ``multi-step``: ``steps_per_execution > 1`` with 2+ replicas).
 
     Args:
         disable: fix names to leave out (``"all"`` for every fix). Defaults to

@@ -107,19 +107,28 @@ class NonFiniteLossError(RuntimeError):
 
     Attributes:
         epoch: 1-based epoch of the bad step.
-        step: 1-based step within that epoch.
+        step: 1-based step within that epoch (the last step of the
+            ``tf.function`` call that produced it).
+        first_step: with several steps per call, the call's first step: the
+            loss turned bad somewhere in ``first_step..step``. Else ``step``.
         value: the loss value seen (``nan``, ``inf`` or ``-inf``).
         last_good_epoch: the last epoch that finished with a finite loss (0 if none).
 
     Example:
         >>> str(NonFiniteLossError(epoch=2, step=3, value=float("nan"), last_good_epoch=1))
         'the loss became nan at epoch 2, step 3'
+        >>> str(NonFiniteLossError(2, 22, float("inf"), 1, first_step=12))
+        'the loss became inf at epoch 2, in steps 12-22 (one tf.function call)'
     """
 
-    def __init__(self, epoch: int, step: int, value: float, last_good_epoch: int) -> None:
+    def __init__(self, epoch: int, step: int, value: float, last_good_epoch: int,
+                 first_step: int | None = None) -> None:
         self.epoch, self.step, self.value = epoch, step, value
+        self.first_step = step if first_step is None else first_step
         self.last_good_epoch = last_good_epoch
-        super().__init__(f"the loss became {value} at epoch {epoch}, step {step}")
+        where = (f"step {step}" if self.first_step == step else
+                 f"in steps {self.first_step}-{step} (one tf.function call)")
+        super().__init__(f"the loss became {value} at epoch {epoch}, {where}")
 
 
 class NonFiniteLossGuard(keras.callbacks.Callback):
@@ -140,18 +149,22 @@ class NonFiniteLossGuard(keras.callbacks.Callback):
     def __init__(self) -> None:
         super().__init__()
         self._epoch = 0
+        self._last_end = -1
         self.last_good_epoch = 0
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch
+        self._last_end = -1
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         loss = (logs or {}).get("loss")
         if loss is None:
             return
         value = float(loss)
+        first, self._last_end = self._last_end + 2, batch
         if not math.isfinite(value):
-            raise NonFiniteLossError(self._epoch + 1, batch + 1, value, self.last_good_epoch)
+            raise NonFiniteLossError(self._epoch + 1, batch + 1, value, self.last_good_epoch,
+                                     first_step=first)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self.last_good_epoch = epoch + 1

@@ -88,8 +88,13 @@ class TrainConfig:
         precision: ``float32`` (default), ``mixed_float16`` or ``mixed_bfloat16``.
         seed: seeds weights, shuffling and augmentation. Defaults to 0, so
             runs repeat; the validation split never depends on it.
-        steps_per_execution: training steps per ``tf.function`` call. Values
-            above 1 are rejected with 2+ replicas (fails upstream, keras#19246).
+        steps_per_execution: training steps per ``tf.function`` call.
+            Defaults to ``None`` = automatic: the largest number up to 16 that
+            divides the steps of an epoch (see :func:`auto_steps_per_execution`),
+            which amortises Keras's per-step Python work over several steps.
+            Callbacks then see one batch end per call; per-epoch validation
+            runs a multiple of it. Above 1 with 2+ replicas needs mirrorkit's ``multi-step``
+            compat fix (keras#19246; applied by :func:`mirrorkit.get_strategy`).
         strategy: ``auto`` (default, also ``MIRRORKIT_STRATEGY``), ``default``,
             ``mirrored`` or ``multi_worker``.
         simulate_cpus: split a GPU-less CPU into N logical devices
@@ -123,7 +128,7 @@ class TrainConfig:
     warmup_epochs: float = 0.0
     precision: str = "float32"
     seed: int = 0
-    steps_per_execution: int = 1
+    steps_per_execution: int | None = None
     strategy: str | None = None
     simulate_cpus: int | None = None
     output: str | None = None
@@ -145,7 +150,8 @@ class TrainConfig:
         for name in ("per_replica_batch", "global_batch", "simulate_cpus"):
             if getattr(self, name) is not None:
                 check_positive_int(name, getattr(self, name))
-        check_positive_int("steps_per_execution", self.steps_per_execution)
+        if self.steps_per_execution is not None:
+            check_positive_int("steps_per_execution", self.steps_per_execution)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("precision", self.precision, PRECISIONS)
         _choice("lr_scaling", self.lr_scaling, LR_SCALINGS)
@@ -314,12 +320,43 @@ def _optimizer(name: str, learning_rate: Any) -> Any:
     return keras.optimizers.SGD(learning_rate, momentum=0.9 if name == "momentum" else 0.0)
 
 
-def _check_steps_per_execution(config: TrainConfig, replicas: int) -> None:
-    if config.steps_per_execution > 1 and replicas > 1:
+def auto_steps_per_execution(steps: int, cap: int = 16) -> int:
+    """The largest number up to ``cap`` that divides ``steps`` (the steps of an epoch).
+
+    A divisor, because Keras runs whole executions: at 8 steps per execution
+    an epoch of 44 steps silently becomes 48. The cap keeps callbacks and the
+    progress bar lively; beyond ~16 steps the per-step Python work is
+    already negligible. (A prime step count gets itself, up to the cap.)
+
+    Example:
+        >>> auto_steps_per_execution(44), auto_steps_per_execution(32), auto_steps_per_execution(7)
+        (11, 16, 7)
+        >>> auto_steps_per_execution(22), auto_steps_per_execution(17)
+        (11, 1)
+    """
+    return max(d for d in range(1, min(cap, steps) + 1) if steps % d == 0)
+
+
+def _multi_step_works(replicas: int) -> bool:
+    if replicas <= 1:
+        return True
+    from mirrorkit import compat
+
+    fix = compat.FIXES["multi-step"]
+    return fix.is_applied() or not fix.needed()
+
+
+def _steps_per_execution(config: TrainConfig, steps: int, replicas: int) -> int:
+    works = _multi_step_works(replicas)
+    if config.steps_per_execution is None:
+        return auto_steps_per_execution(steps) if works else 1
+    if config.steps_per_execution > 1 and not works:
         raise ValueError(
-            f"steps_per_execution > 1 fails in Keras 3 fit under a strategy with 2+ replicas "
-            f"(keras-team/keras#19246); use 1 here ({replicas} replicas). Received: "
-            f"steps_per_execution={config.steps_per_execution}")
+            "steps_per_execution > 1 fails in Keras 3 fit under a strategy with 2+ replicas "
+            "(keras-team/keras#19246) and mirrorkit's 'multi-step' compat fix is disabled "
+            f"(MIRRORKIT_COMPAT / MIRRORKIT_COMPAT_DISABLE); use 1 here ({replicas} replicas). "
+            f"Received: steps_per_execution={config.steps_per_execution}")
+    return config.steps_per_execution
 
 
 def _evaluate_all(model: Any, data: Any, batch_size: int) -> dict[str, float]:
@@ -348,23 +385,28 @@ def _require(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def _eval_batch(pipelines: Any, batch: Any, data: Any) -> Any:
-    """The per-epoch validation batch: the global batch, or less for a small validation set.
+def _validation_plan(pipelines: Any, batch: Any, data: Any, spe: int) -> tuple[Any, int]:
+    """The per-epoch validation batch and step count: whole batches, ``spe`` steps per call.
 
-    Keras 3.15 ``evaluate`` under a MirroredStrategy all-reduces the first
-    batch to build the model symbolically (``_maybe_symbolic_build``), and
-    fails ("Inputs to operation AddN ... must have the same size and shape")
-    when that batch splits unevenly over the replicas, so a validation set
-    smaller than the global batch gets a smaller, whole batch.
+    Keras runs validation with the training's ``steps_per_execution`` and only
+    whole executions, so the step count is a multiple of ``spe`` (else it would
+    read past the intended batches). The batch is then sized to cover as many
+    validation examples as that allows, with at least one example per replica:
+    a partial or empty replica batch breaks BatchNormalization under a strategy.
     """
-    if data.val_examples >= batch.global_batch:
-        return batch
-    per_replica = data.val_examples // batch.replicas
+    natural = max(1, data.val_examples // batch.global_batch)
+    val_steps = spe * max(1, round(natural / spe))
+    while val_steps > spe and data.val_examples // (val_steps * batch.replicas) < 1:
+        val_steps -= spe
+    per_replica = data.val_examples // (val_steps * batch.replicas)
     _require(per_replica >= 1,
-             f"{data.name} has {data.val_examples} validation examples, fewer than the "
-             f"{batch.replicas} replicas, so some replica would get none. Received: "
-             f"val_examples={data.val_examples}")
-    return pipelines.resolve_batch(per_replica_batch=per_replica, replicas=batch.replicas)
+             f"{data.name} has {data.val_examples} validation examples, too few for "
+             f"{val_steps} validation steps ({spe} per call) on {batch.replicas} replicas; "
+             f"lower steps_per_execution. Received: val_examples={data.val_examples}")
+    if val_steps == natural and per_replica >= batch.per_replica:
+        return batch, val_steps
+    return pipelines.resolve_batch(per_replica_batch=per_replica,
+                                   replicas=batch.replicas), val_steps
 
 
 def _lr_text(config: TrainConfig, lr: float, global_batch: int, warmup_steps: int) -> str:
@@ -431,7 +473,6 @@ def train(config: TrainConfig | None = None, *, callbacks: Sequence[Any] = (),
         per_replica_batch=None if config.global_batch else
         (config.per_replica_batch or DEFAULT_PER_REPLICA_BATCH),
         global_batch=config.global_batch, replicas=runtime.replicas)
-    _check_steps_per_execution(config, runtime.replicas)
     # Only the chief checks and creates the run directory; other workers write
     # nothing there (the chief-aware callbacks give them temporary paths).
     out = _check_output(config) if chief else (
@@ -452,6 +493,13 @@ def train(config: TrainConfig | None = None, *, callbacks: Sequence[Any] = (),
         schedule = WarmupSchedule(lr, warmup_steps,
                                   initial_lr=config.base_lr if lr > config.base_lr else 0.0)
 
+    spe = _steps_per_execution(config, steps, runtime.replicas)
+    # Per-epoch validation runs under the strategy on whole batches only (see
+    # _validation_plan); the final, reported score uses every example (see
+    # _evaluate_all). Repeated with a fixed step count, so every worker runs
+    # the same number of validation steps.
+    val_batch, val_steps = _validation_plan(pipelines, batch, data, spe)
+
     keras.utils.set_random_seed(config.seed)
     with strategy.scope(), _dtype_policy(config.precision):
         model = build_model(config.model, input_shape=data.image_shape,
@@ -461,19 +509,11 @@ def train(config: TrainConfig | None = None, *, callbacks: Sequence[Any] = (),
         # "auto" must not pick it silently.
         model.compile(optimizer=_optimizer(config.optimizer, schedule),
                       loss="sparse_categorical_crossentropy", metrics=["accuracy"],
-                      steps_per_execution=config.steps_per_execution, jit_compile=False)
+                      steps_per_execution=spe, jit_compile=False)
     train_ds = pipelines.train_pipeline(
         data.train, batch=batch, seed=config.seed, map_fn=data.map_fn,
         num_files=data.train_files,
     ).repeat()  # one endless stream; steps_per_epoch (from the global batch) ends epochs
-    # Per-epoch validation runs under the strategy on whole batches only: a
-    # partial batch gives some replicas no example, and Keras 3.15 evaluate
-    # then fails in BatchNormalization (and in its symbolic build when the
-    # first batch is partial). The final, reported score uses every example
-    # (see _evaluate_all). Repeated with a fixed step count, so every worker
-    # runs the same number of validation steps.
-    val_batch = _eval_batch(pipelines, batch, data)
-    val_steps = data.val_examples // val_batch.global_batch
     val_ds = pipelines.train_pipeline(data.val, batch=val_batch, shuffle=False,
                                       map_fn=data.map_fn).repeat()
 
@@ -486,7 +526,7 @@ def train(config: TrainConfig | None = None, *, callbacks: Sequence[Any] = (),
         f"strategy  {runtime.strategy}, {runtime.replicas} replica"
         f"{'s' if runtime.replicas != 1 else ''}{workers}{reason}",
         f"batch     {batch.per_replica} per replica x {batch.replicas} = {batch.global_batch} "
-        f"global; {steps} steps per epoch, {config.epochs} epochs",
+        f"global; {steps} steps per epoch ({spe} per call), {config.epochs} epochs",
         f"val       per epoch on {val_steps * val_batch.global_batch:,} of {data.val_examples:,} "
         f"images (whole batches of {val_batch.global_batch}); final score on all, one device",
         f"lr        {_lr_text(config, lr, batch.global_batch, warmup_steps)}",
@@ -559,6 +599,7 @@ def train(config: TrainConfig | None = None, *, callbacks: Sequence[Any] = (),
         "per_replica_batch": batch.per_replica,
         "global_batch": batch.global_batch,
         "steps_per_epoch": steps,
+        "steps_per_execution": spe,
         "optimizer": config.optimizer,
         "base_learning_rate": config.base_lr,
         "base_batch": BASE_BATCH,

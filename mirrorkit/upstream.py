@@ -79,7 +79,8 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     KnownIssue(
         "keras#19246", "keras", "3.0", None,
         "steps_per_execution > 1 in fit fails under MirroredStrategy with 2+ replicas.",
-        "mirrorkit rejects it under a multi-replica strategy with this reason.",
+        "compat fix 'multi-step' runs the steps in a while loop without a cond around "
+        "the step; applied with any multi-replica strategy mirrorkit creates.",
     ),
     KnownIssue(
         "keras#20582", "keras", "3.0", None,

@@ -41,40 +41,45 @@ def test_installed_keras_has_both_broken_code_paths():
     # If this fails, upstream changed the code: check the 2-worker test below
     # and the registry in mirrorkit/upstream.py.
     assert {name: fix.needed() for name, fix in compat.FIXES.items()} == {
-        "symbolic-build": True, "scalar-logs": True}
+        "symbolic-build": True, "scalar-logs": True, "multi-step": True}
 
 
 def test_apply_is_idempotent_and_revert_restores_keras(restore_keras):
     from keras.src.backend.tensorflow import trainer
 
-    original = (trainer.TensorFlowTrainer._maybe_symbolic_build, trainer.reduce_per_replica)
-    assert compat.status() == {"symbolic-build": "not-applied", "scalar-logs": "not-applied"}
-    assert compat.apply(disable=[]) == {"symbolic-build": "applied", "scalar-logs": "applied"}
-    patched = (trainer.TensorFlowTrainer._maybe_symbolic_build, trainer.reduce_per_replica)
-    assert patched[0] is not original[0] and patched[1] is not original[1]
+    def current():
+        return (trainer.TensorFlowTrainer._maybe_symbolic_build, trainer.reduce_per_replica,
+                trainer.TensorFlowTrainer._make_function)
+
+    original = current()
+    assert compat.status() == dict.fromkeys(compat.FIXES, "not-applied")
+    assert compat.apply(disable=[]) == dict.fromkeys(compat.FIXES, "applied")
+    patched = current()
+    assert all(p is not o for p, o in zip(patched, original))
     compat.apply(disable=[])
-    assert (trainer.TensorFlowTrainer._maybe_symbolic_build, trainer.reduce_per_replica) == patched
-    assert compat.status() == {"symbolic-build": "applied", "scalar-logs": "applied"}
+    assert current() == patched
+    assert compat.status() == dict.fromkeys(compat.FIXES, "applied")
     compat.revert()
-    assert (trainer.TensorFlowTrainer._maybe_symbolic_build, trainer.reduce_per_replica) == original
+    assert current() == original
 
 
 def test_disable_by_argument_and_by_environment(restore_keras):
     assert compat.apply(disable=["scalar-logs"]) == {
-        "symbolic-build": "applied", "scalar-logs": "disabled"}
+        "symbolic-build": "applied", "scalar-logs": "disabled", "multi-step": "applied"}
     # Disabling later reverts a fix applied earlier in the process.
-    assert compat.apply(disable="all") == {"symbolic-build": "disabled", "scalar-logs": "disabled"}
+    assert compat.apply(disable="all") == dict.fromkeys(compat.FIXES, "disabled")
     assert compat.status()["symbolic-build"] == "not-applied"
     with _env.patch({_env.COMPAT: "off", _env.COMPAT_DISABLE: None}):
         assert set(compat.apply().values()) == {"disabled"}
     with _env.patch({_env.COMPAT: None, _env.COMPAT_DISABLE: "symbolic-build"}):
-        assert compat.apply() == {"symbolic-build": "disabled", "scalar-logs": "applied"}
+        assert compat.apply() == {"symbolic-build": "disabled", "scalar-logs": "applied",
+                                  "multi-step": "applied"}
     with _env.patch({_env.COMPAT: None, _env.COMPAT_DISABLE: None}):
-        assert compat.apply() == {"symbolic-build": "applied", "scalar-logs": "applied"}
+        assert compat.apply() == dict.fromkeys(compat.FIXES, "applied")
 
 
 def test_unknown_fix_names_are_rejected_with_the_valid_ones(restore_keras):
-    with pytest.raises(ValueError, match="accepted: all, symbolic-build, scalar-logs"):
+    with pytest.raises(ValueError, match="accepted: all, symbolic-build, scalar-logs, multi-step"):
         compat.apply(disable=["scalar_logs"])
     with _env.patch({_env.COMPAT_DISABLE: "nope"}):
         with pytest.raises(ValueError, match="MIRRORKIT_COMPAT_DISABLE"):
@@ -144,6 +149,56 @@ def test_uneven_split_over_local_replicas_needs_the_symbolic_build_fix(tmp_path)
     assert "must have the same size and shape" in result["upstream"]
 
 
+MULTI_STEP = """
+import json, numpy as np, keras, tensorflow as tf
+import mirrorkit
+from mirrorkit import compat
+strategy = mirrorkit.get_strategy(simulate_cpus=2)    # applies the fixes
+x = np.random.RandomState(0).rand(200, 8).astype("float32")
+y = np.random.RandomState(1).randint(0, 3, 200)
+# Finite, partial last batch: 7 steps an epoch, i.e. 4 + 3 at 4 per call.
+data = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+
+def run(steps_per_execution):
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                                  keras.layers.Dense(3)])
+        model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"], steps_per_execution=steps_per_execution)
+    hist = model.fit(data, epochs=2, verbose=0)
+    return (model.get_weights(), hist.history["loss"], model.evaluate(data, verbose=0),
+            int(model.optimizer.iterations.numpy()))
+
+one, four = run(1), run(4)
+out = {"applied": compat.status()["multi-step"],
+       "max_diff": max(float(np.abs(a - b).max()) for a, b in zip(one[0], four[0])),
+       "losses": [one[1], four[1]], "evaluate": [one[2], four[2]],
+       "iterations": [one[3], four[3]]}
+compat.apply(disable=["multi-step"])
+try:
+    run(4)
+    out["upstream"] = "no error"
+except Exception as err:
+    out["upstream"] = str(err)
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_several_steps_per_execution_on_two_replicas_need_the_multi_step_fix(tmp_path):
+    # keras#19246: with the fix, 4 steps per call train bit for bit like 1 step
+    # per call (and stop at the end of a finite dataset); without it Keras fails.
+    from conftest import run_snippet
+
+    result, _ = run_snippet(MULTI_STEP, tmp_path)
+    assert result["applied"] == "applied"
+    assert result["iterations"] == [14, 14]
+    assert result["max_diff"] < 1e-6, result
+    assert result["losses"][0] == pytest.approx(result["losses"][1], rel=1e-5)
+    assert result["evaluate"][0] == pytest.approx(result["evaluate"][1], rel=1e-5)
+    assert compat.FIXES["multi-step"].error in result["upstream"]
+
+
 def test_failure_detection_settings_are_validated():
     with pytest.raises(ValueError, match="peer_timeout must be a positive number"):
         compat.configure_failure_detection(peer_timeout=0)
@@ -200,6 +255,21 @@ _WORKER = textwrap.dedent('''
     out["evaluate"] = model.evaluate(x, y, batch_size=32, verbose=0, return_dict=True)
     pred = model.predict(x, batch_size=32, verbose=0)
     out["predict_max_diff"] = float(np.abs(pred - model(x).numpy()).max())
+
+    # keras#19246: several steps per call train exactly like one step per call
+    # (3 steps an epoch at 2 per call: one full call, one short call).
+    start = model.get_weights()
+
+    def fit_with(steps_per_execution):
+        model.set_weights(start)
+        with strategy.scope():
+            model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          metrics=["accuracy"], steps_per_execution=steps_per_execution)
+        fit()
+        return model.get_weights()
+
+    pairs = zip(fit_with(1), fit_with(2))
+    out["multi_step_max_diff"] = max(float(np.abs(a - b).max()) for a, b in pairs)
     print("RESULT " + json.dumps(out), flush=True)
 ''')
 
@@ -214,13 +284,15 @@ def test_each_fix_is_needed_and_sufficient_on_two_workers(tmp_path):
     assert outs[0]["evaluate"] == outs[1]["evaluate"], report
     for out in outs:
         assert set(out["status_off"].values()) == {"disabled"}
-        assert out["status_scalar_only"] == {"symbolic-build": "disabled", "scalar-logs": "applied"}
+        assert out["status_scalar_only"] == {"symbolic-build": "disabled", "scalar-logs": "applied",
+                                             "multi-step": "applied"}
         build, scalar = compat.FIXES["symbolic-build"], compat.FIXES["scalar-logs"]
         # keras#20585: the symbolic build reduces a PerReplica data batch.
         assert build.error in out["no_fixes"], out
         assert build.error in out["without_symbolic_build"], out
         # tensorflow#72388: scalar logs reduced on axis 0.
         assert scalar.error in out["without_scalar_logs"], out
-        assert out["status_all"] == {"symbolic-build": "applied", "scalar-logs": "applied"}
+        assert out["status_all"] == dict.fromkeys(compat.FIXES, "applied")
         assert out["fit"] == "ok", out
         assert out["predict_max_diff"] < 1e-5, out
+        assert out["multi_step_max_diff"] < 1e-6, out

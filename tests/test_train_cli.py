@@ -60,7 +60,7 @@ def test_default_train_reaches_95_percent_and_model_reloads_in_plain_keras(tmp_p
     out = proc.stdout
     for expected in ("dataset   digits: 1,438 train / 359 val images, 8x8x1, 10 classes",
                      "model     cnn: 151,306 parameters",
-                     "batch     32 per replica x 1 = 32 global; 44 steps per epoch, 6 epochs",
+                     "batch     32 per replica x 1 = 32 global; 44 steps per epoch (11 per call), 6 epochs",
                      "epoch 6/6: ", "Epoch 6/6"):
         assert expected in out, expected
     runs = list((tmp_path / "runs").iterdir())
@@ -90,7 +90,7 @@ def test_two_simulated_replicas_scale_batch_and_lr_and_reject_what_breaks(tmp_pa
         runner, out = CliRunner(), {}
         for name, args in [
             ("odd", ["--global-batch", "33", "--output", "odd"]),
-            ("spe", ["--steps-per-execution", "4", "--output", "spe"]),
+            ("spe", ["--steps-per-execution", "none", "--output", "spe"]),
             ("run", ["--epochs", "8", "--output", "run"]),
         ]:
             r = runner.invoke(cli, ["train", "--simulate-cpus", "2", *args])
@@ -105,13 +105,16 @@ def test_two_simulated_replicas_scale_batch_and_lr_and_reject_what_breaks(tmp_pa
         "Error: `global_batch` must be divisible by the number of replicas (2). "
         "Received: global_batch=33")
     code_, text = result["spe"]
-    assert code_ == 1 and "keras-team/keras#19246" in text and "steps_per_execution=4" in text
+    assert code_ == 2 and ("Invalid value for '--steps-per-execution': expected a positive "
+                           "integer or 'auto'. Received: 'none'") in text
     assert not (tmp_path / "odd").exists() and not (tmp_path / "spe").exists()
 
     code_, text = result["run"]
     assert code_ == 0, text[-3000:]
     assert "strategy  mirrored, 2 replicas (simulate_cpus=2 on a CPU-only machine)" in text
-    assert "batch     32 per replica x 2 = 64 global; 22 steps per epoch" in text
+    # Several steps per call under 2 replicas: keras#19246 fixed (compat multi-step).
+    assert "batch     32 per replica x 2 = 64 global; 22 steps per epoch (11 per call)" in text
+    assert "val       per epoch on 352 of 359 images (whole batches of 32)" in text
     assert "-> 0.004 (linear scaling to global batch 64)" in text
     assert "per replica, 2 replicas)" in text
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())

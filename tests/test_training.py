@@ -58,13 +58,46 @@ def test_bad_config_is_a_value_error_naming_the_value(kwargs, received):
         TrainConfig(**kwargs)
 
 
+def test_automatic_steps_per_execution_divides_the_epoch():
+    from mirrorkit.training import auto_steps_per_execution
+
+    assert [auto_steps_per_execution(n) for n in (1, 7, 16, 22, 32, 44, 390, 17)] == [
+        1, 7, 16, 11, 16, 11, 15, 1]
+    assert auto_steps_per_execution(64, cap=4) == 4
+
+
+@pytest.mark.parametrize("val_examples, replicas, spe, want", [
+    (359, 1, 1, (32, 11)),      # the natural plan: global batch, whole batches
+    (359, 1, 11, (32, 11)),     # 11 steps are already one call of 11
+    (359, 2, 11, (32, 11)),     # 5 natural steps -> one call of 11 smaller batches: 352 of 359
+    (359, 2, 1, (64, 5)),
+    (40, 2, 1, (40, 1)),        # smaller than one global batch: one smaller batch
+    (30, 2, 16, None),          # 16 steps x 2 replicas need 32 examples
+])
+def test_validation_plan_runs_whole_calls_of_whole_batches(val_examples, replicas, spe, want):
+    from types import SimpleNamespace
+
+    from mirrorkit import data as pipelines
+    from mirrorkit.training import _validation_plan
+
+    batch = pipelines.resolve_batch(per_replica_batch=32, replicas=replicas)
+    data = SimpleNamespace(val_examples=val_examples, name="d")
+    if want is None:
+        with pytest.raises(ValueError, match="30 validation examples, too few for 16 validation"):
+            _validation_plan(pipelines, batch, data, spe)
+        return
+    val_batch, steps = _validation_plan(pipelines, batch, data, spe)
+    assert (val_batch.global_batch, steps) == want
+    assert steps % spe == 0 and val_batch.global_batch * steps <= val_examples
+
+
 def test_run_reports_and_writes_everything(finished):
     result, lines, out = finished
     text = "\n".join(lines)
     assert "dataset   digits: 1,438 train / 359 val images, 8x8x1, 10 classes" in text
     assert "model     cnn: 151,306 parameters" in text
     assert "strategy  default, 1 replica (" in text
-    assert "batch     32 per replica x 1 = 32 global; 44 steps per epoch, 3 epochs" in text
+    assert "batch     32 per replica x 1 = 32 global; 44 steps per epoch (11 per call), 3 epochs" in text
     assert f"lr        adam {DEFAULT_LR['adam']:g} for batch 32 -> {DEFAULT_LR['adam']:g}" in text
     assert sum(line.startswith("epoch ") and "images/s" in line for line in lines) == 3
     assert lines[-1].startswith(f"val_accuracy={result.val_accuracy:.4f}")
@@ -155,7 +188,8 @@ def test_nan_loss_stops_at_the_step_keeps_the_good_backup_and_resume_continues(t
     from mirrorkit.models import build_model
 
     out = tmp_path / "nan"
-    config = TrainConfig(epochs=3, output=str(out))
+    # One step per call, so a callback can poison exactly step 3.
+    config = TrainConfig(epochs=3, output=str(out), steps_per_execution=1)
     with pytest.raises(RuntimeError) as info:
         train(config, callbacks=[_poison_at(epoch=2, step=3)])
     text = str(info.value)
@@ -188,7 +222,9 @@ def test_a_relaunched_group_resumes_without_being_told(tmp_path):
     from mirrorkit import _env
 
     with _env.patch({_env.RUN_ID: "job42", _env.RESTART_COUNT: None}), _cwd(tmp_path):
-        with pytest.raises(RuntimeError, match="loss became nan"):
+        # Automatic steps per call (11 of 44 steps): the loss turns bad in the
+        # first call of epoch 2, and the error names the call's steps.
+        with pytest.raises(RuntimeError, match="loss became nan at epoch 2, in steps 1-11"):
             train(TrainConfig(epochs=3), callbacks=[_poison_at(epoch=2, step=1)])
         out = tmp_path / "runs" / "job42-cnn-digits"
         assert (out / "backup").is_dir()
@@ -203,7 +239,7 @@ def test_a_relaunch_before_any_backup_starts_over_in_the_same_folder(tmp_path):
 
     out = tmp_path / "run"
     with pytest.raises(RuntimeError, match="no epoch had finished"):
-        train(TrainConfig(epochs=2, output=str(out)), callbacks=[_poison_at(epoch=1, step=2)])
+        train(TrainConfig(epochs=2, output=str(out)), callbacks=[_poison_at(epoch=1, step=12)])  # 2nd call
     assert (out / "history.csv").exists() and not (out / "backup").exists()
     with _env.patch({_env.RESTART_COUNT: "1"}):
         result = train(TrainConfig(epochs=1, output=str(out)))

@@ -23,6 +23,25 @@ from mirrorkit.training import (
     PRECISIONS,
 )
 
+class _StepsPerExecution(click.ParamType):
+    """``N`` (a positive integer) or ``auto`` (-> None, chosen by ``train``)."""
+
+    name = "N|auto"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int | None:
+        if value is None or value == "auto" or isinstance(value, int):
+            return None if value == "auto" else value
+        try:
+            number = int(value)
+        except ValueError:
+            number = 0
+        if number < 1:
+            self.fail(f"expected a positive integer or 'auto'. Received: {value!r}", param, ctx)
+        return number
+
+
+_STEPS_PER_EXECUTION = _StepsPerExecution()
+
 _DATA_OPTIONS = ("image_size", "channels", "classes", "examples", "data_dir", "download",
                  "train_split", "val_split", "val_fraction", "val_files")
 
@@ -112,8 +131,10 @@ def build_data_options(kwargs: dict[str, Any]) -> Any:
               default="float32", show_default=True, help="Keras dtype policy.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seeds weights, shuffling and augmentation.")
-@click.option("--steps-per-execution", type=int, default=1, show_default=True,
-              help="Steps per tf.function call; only 1 with 2+ replicas (keras#19246).")
+@click.option("--steps-per-execution", type=_STEPS_PER_EXECUTION, default="auto", show_default=True,
+              metavar="N|auto",
+              help="Training steps per tf.function call (fewer Python round trips per "
+              "step). auto: the largest number up to 16 that divides the steps of an epoch.")
 @simulate_cpus_option
 @strategy_option
 @click.option("--output", default=None, metavar="DIR",
