@@ -587,6 +587,28 @@ class _Worker:
                              tail=tuple(self.tail))
 
 
+def worker_threads(nproc: int, env: Mapping[str, str]) -> int | None:
+    """Intra-op threads per worker when ``nproc`` workers share this machine.
+
+    TensorFlow gives each process an intra-op pool of all cores, so N local
+    workers oversubscribe the CPU N times (the same reasoning as torchrun's
+    ``OMP_NUM_THREADS=1``; see :func:`mirrorkit.strategy.share_cores`). The
+    launcher exports ``TF_NUM_INTRAOP_THREADS`` = cores // N (at least 1),
+    unless ``env`` already sets it or there is one worker.
+
+    Example:
+        >>> worker_threads(1, {}) is None, worker_threads(2, {"TF_NUM_INTRAOP_THREADS": "4"})
+        (True, None)
+        >>> worker_threads(2, {}) >= 1
+        True
+    """
+    if nproc <= 1 or env.get(_env.TF_INTRA_OP_THREADS):
+        return None
+    from mirrorkit.strategy import usable_cores
+
+    return max(1, usable_cores() // nproc)
+
+
 class _Group:
     """The workers of one attempt on this node."""
 
@@ -610,6 +632,11 @@ class _Group:
         local = ", ".join(addresses[r] for r in spec.local_ranks)
         logger.info("starting %d worker(s), attempt %d of at most %d: %s",
                     spec.nproc, restart + 1, spec.max_restarts + 1, local)
+        threads = worker_threads(spec.nproc, base_env)
+        if threads and restart == 0:
+            logger.info("each worker gets %d intra-op thread(s) (%s=%d: %d workers share this "
+                        "machine's cores; set it yourself to override)",
+                        threads, _env.TF_INTRA_OP_THREADS, threads, spec.nproc)
         try:
             for j, rank in enumerate(spec.local_ranks):
                 env = dict(base_env)
@@ -617,6 +644,8 @@ class _Group:
                 env[_env.RESTART_COUNT] = str(restart)
                 # Live output: Python workers must not block-buffer into the pipe.
                 env["PYTHONUNBUFFERED"] = "1"
+                if threads:
+                    env[_env.TF_INTRA_OP_THREADS] = str(threads)
                 # Python workers that never import mirrorkit still get its Keras
                 # fixes (mirrorkit.autofix); MIRRORKIT_COMPAT=off turns them off.
                 env["PYTHONPATH"] = os.pathsep.join(

@@ -24,6 +24,7 @@ from click.testing import CliRunner
 from conftest import clean_env, free_ports
 from mirrorkit.cli import cli
 from mirrorkit.launcher import LaunchSpec, RunResult, WorkerState, launch, visible_devices
+from mirrorkit.strategy import usable_cores
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 ECHO = str(FIXTURES / "launch_echo.py")
@@ -221,6 +222,9 @@ def test_each_worker_gets_a_consistent_tf_config(start, tmp_path, n):
     chiefs = [i for i in range(n) if parse_tf_config(got[i]["tf_config"]).is_chief]
     assert chiefs == [0]
     assert all(r["restart"] == 0 and r["unbuffered"] == "1" for r in got.values())
+    # n workers share this machine's cores: cores // n intra-op threads each.
+    assert {r["intra_op_threads"] for r in got.values()} == {str(max(1, usable_cores() // n))}
+    assert "intra-op thread(s) (TF_NUM_INTRAOP_THREADS=" in stderr
     for i in range(n):
         assert f"[{i}] hello from worker {i} restart 0" in stdout.splitlines()
         assert f"[{i}] stderr of worker {i}" in stderr.splitlines()
@@ -241,11 +245,13 @@ def test_launcher_never_imports_tensorflow(tmp_path):
 
 def test_gpus_per_worker_gives_disjoint_slices(tmp_path):
     spec = LaunchSpec(command=("python", ECHO, str(tmp_path)), nproc=2, gpus_per_worker=2,
-                      env={"CUDA_VISIBLE_DEVICES": "3,4,5,6"})
+                      env={"CUDA_VISIBLE_DEVICES": "3,4,5,6", "TF_NUM_INTRAOP_THREADS": "5"})
     import io
     result = launch(spec, stdout=io.StringIO(), stderr=io.StringIO())
     assert result.state is WorkerState.SUCCEEDED
     assert {i: r["cuda"] for i, r in records(tmp_path).items()} == {0: "3,4", 1: "5,6"}
+    # A thread count the user chose is passed through untouched.
+    assert {r["intra_op_threads"] for r in records(tmp_path).values()} == {"5"}
     with pytest.raises(ValueError, match="lists 4"):
         launch(LaunchSpec(command=("python", ECHO, str(tmp_path)), nproc=3, gpus_per_worker=2,
                           env={"CUDA_VISIBLE_DEVICES": "3,4,5,6"}),

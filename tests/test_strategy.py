@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
+from conftest import clean_env
 
 from mirrorkit.cluster import build_tf_config, parse_tf_config
 from mirrorkit.strategy import select
@@ -112,3 +115,32 @@ def test_switching_strategy_in_one_process_is_refused(run_python):
         print("ERR", err)
     """
     assert "ERR This process already created a 'mirrored' strategy" in run_python(code).stdout
+
+
+THREADS = """
+import json, os, sys
+import tensorflow as tf
+if sys.argv[1:] == ["user"]:
+    tf.config.threading.set_intra_op_parallelism_threads(3)
+import mirrorkit
+from mirrorkit.strategy import usable_cores
+mirrorkit.get_strategy(simulate_cpus=int(os.environ.get("N", "2")))
+print(json.dumps([tf.config.threading.get_intra_op_parallelism_threads(), usable_cores()]))
+"""
+
+
+@pytest.mark.parametrize("case", ["two", "four", "user-call", "user-env"])
+def test_simulated_replicas_share_the_cores_unless_the_user_chose(case, tmp_path):
+    script = tmp_path / "threads.py"
+    script.write_text(THREADS)
+    env = {"N": "4" if case == "four" else "2"}
+    if case == "user-env":
+        env["TF_NUM_INTRAOP_THREADS"] = "2"
+    args = ["user"] if case == "user-call" else []
+    proc = subprocess.run([sys.executable, str(script), *args], env=clean_env(**env),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    threads, cores = json.loads(proc.stdout.strip().splitlines()[-1])
+    want = {"two": max(1, cores // 2), "four": max(1, cores // 4),
+            "user-call": 3, "user-env": 0}[case]   # 0: TF's default, i.e. its env var rules
+    assert threads == want
