@@ -361,6 +361,14 @@ class TensorBoard(keras.callbacks.TensorBoard):
         finally:
             self.log_dir = real
 
+    def on_train_batch_end(self, batch, logs=None):
+        if self.update_freq == "epoch":
+            # Keras calls summary.scalar for every log of every batch even
+            # though, at update_freq="epoch", no writer is active and nothing
+            # is recorded: ~0.1 ms per step (~2 % of a small model's step).
+            logs = None
+        super().on_train_batch_end(batch, logs)
+
     def on_train_end(self, logs=None):
         super().on_train_end(logs)
         if self._scratch is not None:

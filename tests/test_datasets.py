@@ -113,6 +113,22 @@ def test_synthetic_has_the_asked_shape_and_is_deterministic_and_learnable():
     assert same < other
 
 
+def test_small_synthetic_sets_are_generated_once_with_the_same_pixels(monkeypatch):
+    from mirrorkit.datasets import builtin
+
+    options = DataOptions(image_size=8, classes=3, examples=30)
+    cached = mds.load("synthetic", options)
+    assert "generated once" in cached.description
+    monkeypatch.setattr(builtin, "SYNTHETIC_CACHE_BYTES", 0)
+    live = mds.load("synthetic", options)
+    assert "on the fly" in live.description
+    for split in ("train", "val"):
+        a, la = _pixels(cached, split)
+        b, lb = _pixels(live, split)
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(la, lb)
+
+
 # -- folder: -----------------------------------------------------------------
 
 def test_folder_of_pngs_loads_every_image_with_its_class(tmp_path, digits):

@@ -19,6 +19,9 @@ from mirrorkit.datasets._base import (
 DIGITS_VAL_FRACTION = 0.2
 SYNTHETIC_DEFAULT_SIZE = (32, 32)
 SYNTHETIC_DEFAULT_CHANNELS = 3
+# Synthetic images up to this many bytes (train + validation, float32) are
+# generated once and kept in memory; larger sets are generated on the fly.
+SYNTHETIC_CACHE_BYTES = 64 * 2**20
 
 
 def load_digits(options: DataOptions | None = None) -> ImageData:
@@ -63,13 +66,21 @@ def load_digits(options: DataOptions | None = None) -> ImageData:
 
 
 def load_synthetic(options: DataOptions | None = None) -> ImageData:
-    """Random images for benchmarks, generated on the fly (constant memory).
+    """Random images for benchmarks: deterministic, generated once when small.
 
     Every class has a fixed random template; an example is half its class's
     template and half per-example noise, so a model can learn something and a
     benchmark exercises real gradients. Example ``i`` has label
     ``i % classes`` and noise seeded by ``i``: the data is the same on every
     run and every worker.
+
+    Up to :data:`SYNTHETIC_CACHE_BYTES` (64 MB: 5,000+ images of 32x32x3) the
+    images are generated once, at load, and the pipeline looks them up by
+    index; generating them every epoch costs ~90 us of CPU per image, taken
+    from the cores that train (measured +0-6 % resnet20 throughput; under
+    DATA sharding every worker would generate the whole global batch). Larger
+    sets are generated on the fly in constant memory. Both give the same
+    pixels.
 
     Args:
         options: ``image_size`` (default 32x32), ``channels`` (default 3),
@@ -105,6 +116,18 @@ def load_synthetic(options: DataOptions | None = None) -> ImageData:
         noise = tf.random.stateless_uniform(shape, seed=seed)
         return 0.5 * tf.gather(templates, label) + 0.5 * noise, label
 
+    size = (n_train + n_val) * int(np.prod(shape)) * 4
+    map_fn, how = generate, "random images generated on the fly"
+    if size <= SYNTHETIC_CACHE_BYTES:
+        # One pass now; the pipeline keeps shuffling cheap indices and gathers.
+        every = indices(0, n_train + n_val).map(generate, num_parallel_calls=tf.data.AUTOTUNE)
+        table = tf.constant(np.concatenate([x for x, _ in every.batch(4096).as_numpy_iterator()]))
+
+        def map_fn(index: tf.Tensor, label: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+            return tf.gather(table, index), label
+
+        how = f"random images, generated once, {size / 2**20:.1f} MB in memory"
+
     return ImageData(
         name="synthetic",
         # Validation indices follow the training ones, so no image is in both.
@@ -114,7 +137,7 @@ def load_synthetic(options: DataOptions | None = None) -> ImageData:
         num_classes=classes,
         train_examples=n_train,
         val_examples=n_val,
-        map_fn=generate,
+        map_fn=map_fn,
         class_names=tuple(str(c) for c in range(classes)),
-        description="random images generated on the fly",
+        description=how,
     )
