@@ -8,6 +8,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 from mirrorkit.datasets._base import (
     SPLIT_SEED,
     DataOptions,
@@ -117,16 +119,17 @@ def load_synthetic(options: DataOptions | None = None) -> ImageData:
         return 0.5 * tf.gather(templates, label) + 0.5 * noise, label
 
     size = (n_train + n_val) * int(np.prod(shape)) * 4
-    map_fn, how = generate, "random images generated on the fly"
+    map_fn: Any = generate
+    how = "random images generated on the fly"
     if size <= SYNTHETIC_CACHE_BYTES:
         # One pass now; the pipeline keeps shuffling cheap indices and gathers.
         every = indices(0, n_train + n_val).map(generate, num_parallel_calls=tf.data.AUTOTUNE)
         table = tf.constant(np.concatenate([x for x, _ in every.batch(4096).as_numpy_iterator()]))
 
-        def map_fn(index: tf.Tensor, label: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        def lookup(index: tf.Tensor, label: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
             return tf.gather(table, index), label
 
-        how = f"random images, generated once, {size / 2**20:.1f} MB in memory"
+        map_fn, how = lookup, f"random images, generated once, {size / 2**20:.1f} MB in memory"
 
     return ImageData(
         name="synthetic",
