@@ -26,32 +26,15 @@ def parse_args(doc: str) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit", type=int, default=None,
                         help="train on the first N examples only (smoke tests)")
-    parser.add_argument("--intra-threads", default=None,
-                        help="side B only, to measure a proposed default: TensorFlow intra-op "
-                        "threads, N or 'auto' (= cores // replicas)")
-    parser.add_argument("--cache-synthetic", action="store_true",
-                        help="side B only, to measure a proposed default: generate the "
-                        "synthetic images once and cache them")
-    parser.add_argument("--steps-per-execution", default="1",
-                        help="side B only, to measure a proposed default (1 replica only): N, "
-                        "or 'auto' = the largest divisor of the steps per epoch <= 16")
+    parser.add_argument("--previous-defaults", action="store_true",
+                        help="side B only, an ablation: mirrorkit with the defaults it had "
+                        "before it adopted P1-P4 (TensorFlow's own intra-op threads, one step "
+                        "per tf.function call, synthetic images generated every epoch), to "
+                        "measure where its gain over the baseline comes from")
     args = parser.parse_args()
     if args.epochs < 2:
         parser.error("--epochs must be >= 2: the first epoch is warm-up and not timed")
     return args
-
-
-def auto_steps_per_execution(steps_per_epoch: int, cap: int = 16) -> int:
-    """The largest divisor of ``steps_per_epoch`` that is at most ``cap``.
-
-    A divisor, because Keras runs whole executions: with 44 steps per epoch
-    and 8 steps per execution an epoch would silently become 48 steps.
-
-    Example:
-        >>> auto_steps_per_execution(44), auto_steps_per_execution(32), auto_steps_per_execution(7)
-        (11, 16, 7)
-    """
-    return max(d for d in range(1, min(cap, steps_per_epoch) + 1) if steps_per_epoch % d == 0)
 
 
 def data_options(args: argparse.Namespace) -> Any:

@@ -15,85 +15,56 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import auto_steps_per_execution, data_options, parse_args, report  # noqa: E402
+from _common import data_options, parse_args, report  # noqa: E402
 
 
-def _cache_synthetic() -> None:
-    """Emulate proposal P3 (RESULTS.md) until mirrorkit.datasets adopts it.
+def _previous_defaults(replicas: int) -> None:
+    """Undo P1-P4 (benchmarks/RESULTS.md) for an ablation run; before train().
 
-    ``synthetic`` generates every image on the fly, every epoch, on the same
-    cores that train. The proposal: generate once and cache (the data is
-    deterministic by design). Emulated by wrapping the loader ``train`` calls,
-    changing nothing else.
+    P1: TensorFlow's own intra-op pool (all cores) instead of cores // replicas;
+    P2: steps_per_execution=1 (passed to TrainConfig by main); P3: synthetic
+    images generated every epoch; P4: Keras's per-batch TensorBoard calls.
     """
-    import dataclasses
+    import tensorflow as tf
 
-    import mirrorkit.datasets as mds
+    import mirrorkit.callbacks as mcb
+    from mirrorkit.datasets import builtin
 
-    load = mds.load
-
-    def cached_load(spec: str = "digits", options: Any = None) -> Any:
-        data = load(spec, options)
-        if spec != "synthetic" or data.map_fn is None:
-            return data
-        import tensorflow as tf
-
-        def generate(ds: Any) -> Any:
-            return ds.map(data.map_fn, num_parallel_calls=tf.data.AUTOTUNE).cache()
-
-        return dataclasses.replace(data, train=generate(data.train), val=generate(data.val),
-                                   map_fn=None)
-
-    mds.load = cached_load
+    if replicas > 1:
+        tf.config.threading.set_intra_op_parallelism_threads(os.cpu_count() or 1)
+    builtin.SYNTHETIC_CACHE_BYTES = 0
+    mcb.TensorBoard.on_train_batch_end = mcb.keras.callbacks.TensorBoard.on_train_batch_end
 
 
 def main() -> None:
     args = parse_args(__doc__)
 
-    if args.intra_threads:
-        # Not a mirrorkit default (yet): measures a proposed one. Must run
-        # before TensorFlow's runtime starts, i.e. before train() creates the strategy.
-        import tensorflow as tf
-
-        threads = (max(1, (os.cpu_count() or 1) // args.replicas)
-                   if args.intra_threads == "auto" else int(args.intra_threads))
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-
-    if args.cache_synthetic:
-        _cache_synthetic()
+    if args.previous_defaults:
+        _previous_defaults(args.replicas)
 
     from mirrorkit.bench import step_timer
     from mirrorkit.training import TrainConfig, train
 
     if args.limit and args.dataset != "synthetic":
         raise SystemExit("--limit is supported for synthetic data only on this side")
-    spe = args.steps_per_execution
-    if spe == "auto":
-        from mirrorkit.datasets import load
-
-        examples = load(args.dataset, data_options(args)).train_examples
-        spe = auto_steps_per_execution(examples // (args.per_replica_batch * args.replicas))
-    spe = int(spe)
     timer = step_timer()
     with tempfile.TemporaryDirectory(prefix="mirrorkit-bench-") as tmp:
         config = TrainConfig(
             model=args.model, dataset=args.dataset, data=data_options(args),
             epochs=args.epochs, per_replica_batch=args.per_replica_batch, seed=args.seed,
-            steps_per_execution=spe,
+            steps_per_execution=1 if args.previous_defaults else None,
             simulate_cpus=args.replicas, output=os.path.join(tmp, "run"))
         result = train(config, callbacks=[timer])
     metrics = result.metrics
     report(args, timer, metrics["global_batch"], metrics["replicas"],
            images_per_epoch=metrics["steps_per_epoch"] * metrics["global_batch"],
            variant="mirrorkit.training.train" + (
-               " + cached synthetic" if args.cache_synthetic else "") + (
-               f" + intra_threads={args.intra_threads}" if args.intra_threads else "") + (
-               f" + steps_per_execution={spe}" if spe > 1 else ""),
+               " with its previous defaults (ablation)" if args.previous_defaults else ""),
            extra={"meter_images_per_sec": metrics["images_per_second"],
+                  "steps_per_execution": metrics["steps_per_execution"],
                   "val_accuracy": round(metrics["val_accuracy"], 4)})
 
 

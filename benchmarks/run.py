@@ -5,8 +5,9 @@ the order flips every round, so drifting machine load hits both sides):
 
 * ``compare``    -- training images/s: mirrorkit (``mirrorkit_side.py``) vs the
   hand-written tutorial code (``baseline_keras.py``); ratio mirrorkit / baseline.
-  A third arm runs mirrorkit with the defaults RESULTS.md proposes
-  (:func:`proposed_flags`), so each proposal comes with its measurement.
+  A third arm runs mirrorkit with its previous defaults (``--previous-defaults``:
+  no core sharing, one step per call, synthetic data generated every epoch),
+  an ablation that shows where mirrorkit's gain over the baseline comes from.
 * ``pipeline``   -- images/s mirrorkit's default training pipeline produces with
   no model attached, vs the images/s training consumes; ratio produce / consume.
 * ``startup``    -- ``mirrorkit --help`` wall time / ``python -c "import tensorflow"``.
@@ -119,28 +120,12 @@ def startup(runs: int, log: Callable[[str], None]) -> dict[str, Any]:
             "command": f"{' '.join(help_cmd)}  vs  {' '.join(tf_cmd)}"}
 
 
-def proposed_flags(replicas: int, dataset: str) -> list[str]:
-    """Side-B flags that apply the mirrorkit defaults RESULTS.md proposes (not yet adopted).
-
-    * P1, 2+ simulated replicas: intra-op threads = cores // replicas (the
-      replicas already run in parallel; splitting every op over all cores
-      oversubscribes them).
-    * P2, 1 replica: steps_per_execution = the largest divisor of the steps
-      per epoch up to 16 (safe with one replica; keras#19246 breaks it with 2+).
-    * P3, synthetic data: generate the images once and cache them.
-    """
-    flags = ["--intra-threads", "auto"] if replicas > 1 else ["--steps-per-execution", "auto"]
-    return flags + (["--cache-synthetic"] if dataset == "synthetic" else [])
-
-
 def compare(runs: int, epochs: int | None, cases: Sequence[tuple[str, str, int, int]],
             replicas: Sequence[int], log: Callable[[str], None],
-            extra: Sequence[str] = (), proposed: bool = True,
-            flags: Sequence[str] | None = None) -> list[dict[str, Any]]:
+            extra: Sequence[str] = (), ablation: bool = True) -> list[dict[str, Any]]:
     """Training images/s, mirrorkit vs the tutorial baseline, for every case x replicas.
 
-    ``flags`` replaces :func:`proposed_flags` for the third arm (to measure
-    one proposal alone).
+    With ``ablation``, a third arm: mirrorkit with its previous defaults.
     """
     rows = []
     for model, dataset, batch, case_epochs in cases:
@@ -153,10 +138,9 @@ def compare(runs: int, epochs: int | None, cases: Sequence[tuple[str, str, int, 
                 "baseline": lambda: _run_script([HERE / "baseline_keras.py", *args]),
                 "mirrorkit": lambda: _run_script([HERE / "mirrorkit_side.py", *args]),
             }
-            if proposed:
-                arms["proposed"] = lambda: _run_script(
-                    [HERE / "mirrorkit_side.py", *args,
-                     *(flags if flags is not None else proposed_flags(n, dataset))])
+            if ablation:
+                arms["previous"] = lambda: _run_script(
+                    [HERE / "mirrorkit_side.py", *args, "--previous-defaults"])
             got = _alternate(runs, arms, log)
             med = {name: _median([r["images_per_sec"] for r in got[name]]) for name in got}
             b = med["baseline"]
@@ -174,20 +158,18 @@ def compare(runs: int, epochs: int | None, cases: Sequence[tuple[str, str, int, 
                 "baseline_details": got["baseline"][-1], "mirrorkit_details": got["mirrorkit"][-1],
                 "command": "python benchmarks/{baseline_keras,mirrorkit_side}.py " + " ".join(args),
             }
-            if proposed:
+            if ablation:
                 row.update({
-                    "proposed_flags": list(flags if flags is not None
-                                           else proposed_flags(n, dataset)),
-                    "paired_proposed_ratio": _paired(got["proposed"], got["baseline"]),
-                    "proposed_ips": [r["images_per_sec"] for r in got["proposed"]],
-                    "median_proposed_ips": round(med["proposed"], 1),
-                    "proposed_ratio": round(med["proposed"] / b, 3),
+                    "paired_previous_ratio": _paired(got["previous"], got["baseline"]),
+                    "previous_ips": [r["images_per_sec"] for r in got["previous"]],
+                    "median_previous_ips": round(med["previous"], 1),
+                    "previous_ratio": round(med["previous"] / b, 3),
                 })
             rows.append(row)
             log(f"  -> baseline {b:.1f} img/s, mirrorkit {med['mirrorkit']:.1f} "
                 f"(ratio {med['mirrorkit'] / b:.3f})"
-                + (f", with proposed defaults {med['proposed']:.1f} "
-                   f"(ratio {med['proposed'] / b:.3f})" if proposed else ""))
+                + (f", with its previous defaults {med['previous']:.1f} "
+                   f"(ratio {med['previous'] / b:.3f})" if ablation else ""))
     return rows
 
 
@@ -309,11 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--mw-cases", default="resnet20:synthetic:32;cnn:digits:32",
                         help="model:dataset:per-worker-batch;... for the multiworker section")
     parser.add_argument("--mw-steps", type=int, default=30)
-    parser.add_argument("--proposed-flags", default=None,
-                        help="compare: side-B flags of the third arm instead of every "
-                        "proposal, e.g. '--cache-synthetic' to measure one alone")
-    parser.add_argument("--no-proposed", action="store_true",
-                        help="compare: skip the 'mirrorkit + proposed defaults' arm")
+    parser.add_argument("--no-ablation", action="store_true",
+                        help="compare: skip the 'mirrorkit with its previous defaults' arm")
     parser.add_argument("--quick", action="store_true",
                         help="smoke test: 1 run, 2 epochs, few steps (numbers meaningless)")
     parser.add_argument("--output", default=str(HERE / "results.json"))
@@ -343,9 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         record["startup"] = startup(max(runs, 5) if not opts.quick else 1, log)
     if "compare" in sections:
         record["compare"] = compare(runs, epochs, cases, replicas, log, extra,
-                                    proposed=not opts.no_proposed,
-                                    flags=None if opts.proposed_flags is None
-                                    else opts.proposed_flags.split())
+                                    ablation=not opts.no_ablation)
     if "pipeline" in sections:
         consumption = {(r["model"], r["dataset"], r["replicas"]): r["median_mirrorkit_ips"]
                        for r in record.get("compare", [])}
@@ -371,11 +348,10 @@ def summary(record: dict[str, Any]) -> str:
                      f"{r['global_batch']}: training img/s | baseline {r['median_baseline_ips']} | "
                      f"mirrorkit {r['median_mirrorkit_ips']} | **{r['ratio']}** "
                      f"({r['paired_ratio']}) | {r['target']} |")
-        if "proposed_ratio" in r:
-            lines.append(f"| same, mirrorkit with proposed defaults (`{' '.join(r['proposed_flags'])}`)"
-                         f" | baseline {r['median_baseline_ips']} | mirrorkit {r['median_proposed_ips']}"
-                         f" | **{r['proposed_ratio']}** ({r['paired_proposed_ratio']}) | "
-                         f"{r['target']} |")
+        if "previous_ratio" in r:
+            lines.append(f"| same, mirrorkit with its previous defaults (ablation)"
+                         f" | baseline {r['median_baseline_ips']} | mirrorkit {r['median_previous_ips']}"
+                         f" | {r['previous_ratio']} ({r['paired_previous_ratio']}) | — |")
     for r in record.get("pipeline", []):
         lines.append(f"| {r['dataset']} pipeline img/s vs {r['model']} training img/s "
                      f"(global batch {r['global_batch']}) | pipeline {r['median_pipeline_ips']} | "
