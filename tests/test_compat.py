@@ -253,6 +253,13 @@ _WORKER = textwrap.dedent('''
     out["status_all"] = compat.apply()
     out["fit"] = attempt(fit)
     out["evaluate"] = model.evaluate(x, y, batch_size=32, verbose=0, return_dict=True)
+    # The logs reduced over workers equal one device's on all the data.
+    single = keras.models.clone_model(model)
+    single.set_weights(model.get_weights())
+    single.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                   metrics=["accuracy"])
+    out["evaluate_one_device"] = single.evaluate(x, y, batch_size=32, verbose=0,
+                                                 return_dict=True)
     pred = model.predict(x, batch_size=32, verbose=0)
     out["predict_max_diff"] = float(np.abs(pred - model(x).numpy()).max())
 
@@ -295,4 +302,5 @@ def test_each_fix_is_needed_and_sufficient_on_two_workers(tmp_path):
         assert out["status_all"] == dict.fromkeys(compat.FIXES, "applied")
         assert out["fit"] == "ok", out
         assert out["predict_max_diff"] < 1e-5, out
+        assert out["evaluate"] == pytest.approx(out["evaluate_one_device"], rel=1e-5), out
         assert out["multi_step_max_diff"] < 1e-6, out
