@@ -204,14 +204,16 @@ def multiworker(runs: int, model: str, dataset: str, batch: int, steps: int,
                 log: Callable[[str], None]) -> dict[str, Any]:
     """Step time of 2 loopback workers / 1 worker, equal per-worker batch and compute.
 
-    Three arms, every process with one intra-op thread: ``1 worker``;
+    Arms, every process with one intra-op thread: ``1 worker``;
     ``2 workers`` (MultiWorkerMirroredStrategy over loopback, via
     ``mirrorkit bench``); and the control ``2 independent``: the same two
     processes running at the same time without a cluster. On a 2-core machine
     shared with other jobs, 2 workers also suffer from CPU contention that 1
     worker does not see; the control has exactly that contention and no
     communication, so ``2 workers / 2 independent`` is the all-reduce and
-    synchronisation cost alone.
+    synchronisation cost alone. A fourth arm, ``1 worker, 1 core``, pins the
+    single worker to one core: the share of the machine each of the 2 workers
+    has, i.e. 2 one-core "machines" vs 1.
     """
     sys.path.insert(0, str(HERE.parent))
     from mirrorkit.bench import BenchConfig, Case, child_command, parse_result, run_bench
@@ -229,10 +231,11 @@ def multiworker(runs: int, model: str, dataset: str, batch: int, steps: int,
             return {"images_per_sec": row.images_per_sec, "step_time_ms": row.step_time_ms}
         return run
 
-    def independent() -> dict[str, Any]:
+    def solo(copies: int, cores: set[int] | None = None) -> list[dict[str, Any]]:
         cmd = child_command(config((1,)), Case(1, 1))
+        pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
         procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True, env=_env()) for _ in range(2)]
+                                  text=True, env=_env(), preexec_fn=pin) for _ in range(copies)]
         results = []
         for proc in procs:
             out, err = proc.communicate(timeout=1800)
@@ -240,12 +243,21 @@ def multiworker(runs: int, model: str, dataset: str, batch: int, steps: int,
             if proc.returncode != 0 or result is None:
                 raise RuntimeError(f"independent process failed: {err[-2000:]}")
             results.append(result)
+        return results
+
+    def independent() -> dict[str, Any]:
+        results = solo(2)
         return {"images_per_sec": sum(r["images_per_sec"] for r in results),
                 "step_time_ms": statistics.mean(r["step_time_ms"] for r in results)}
 
+    def one_core() -> dict[str, Any]:
+        # The resources each of the 2 workers has: half the machine.
+        (result,) = solo(1, {sorted(os.sched_getaffinity(0))[0]})
+        return {"images_per_sec": result["images_per_sec"], "step_time_ms": result["step_time_ms"]}
+
     log(f"multiworker: {model} on {dataset}, per-worker batch {batch}, 1 vs 2 workers")
     got = _alternate(runs, {"1 worker": cluster((1,)), "2 workers": cluster((2,)),
-                            "2 independent": independent}, log)
+                            "2 independent": independent, "1 worker, 1 core": one_core}, log)
     med = {name: _median([r["step_time_ms"] for r in values]) for name, values in got.items()}
     return {
         "model": model, "dataset": dataset, "per_worker_batch": batch, "steps": steps,
@@ -256,6 +268,9 @@ def multiworker(runs: int, model: str, dataset: str, batch: int, steps: int,
         "median_step_ms_2_independent": round(med["2 independent"], 3),
         "ratio": round(med["2 workers"] / med["1 worker"], 3), "target": "<= 1.3",
         "ratio_vs_independent": round(med["2 workers"] / med["2 independent"], 3),
+        "step_ms_1_worker_1_core": [r["step_time_ms"] for r in got["1 worker, 1 core"]],
+        "median_step_ms_1_worker_1_core": round(med["1 worker, 1 core"], 3),
+        "ratio_vs_1_core": round(med["2 workers"] / med["1 worker, 1 core"], 3),
         "command": (f"mirrorkit.bench.run_bench(BenchConfig(model={model!r}, dataset={dataset!r}, "
                     f"workers=(1,) vs (2,), per_replica_batch={batch}, steps={steps}, "
                     "threads=1)); control: 2 concurrent `python -m mirrorkit.bench --child` "
@@ -368,6 +383,10 @@ def summary(record: dict[str, Any]) -> str:
         lines.append(f"| step time 2 workers / 2 independent processes (same contention, no "
                      f"all-reduce; {r['model']}) | {r['median_step_ms_2_independent']} ms | "
                      f"{r['median_step_ms_2_workers']} ms | **{r['ratio_vs_independent']}** | "
+                     f"{r['target']} |")
+        lines.append(f"| step time 2 workers / 1 worker pinned to 1 core (each worker's share of "
+                     f"the machine; {r['model']}) | {r['median_step_ms_1_worker_1_core']} ms | "
+                     f"{r['median_step_ms_2_workers']} ms | **{r['ratio_vs_1_core']}** | "
                      f"{r['target']} |")
     return "\n".join(lines)
 
