@@ -31,6 +31,7 @@ import datetime
 import io
 import json
 import logging
+import math
 import os
 import platform
 import re
@@ -206,7 +207,7 @@ class BenchRow:
         replicas_per_worker: replicas of each process.
         per_replica_batch: images per replica per step.
         global_batch: images per step across all replicas.
-        steps: timed steps.
+        steps: timed steps (at least the steps asked: whole tf.function calls).
         step_time_ms: median time of one timed step, milliseconds.
         images_per_sec: timed images / timed seconds (the whole cluster).
         efficiency: ``images_per_sec / (replicas * images_per_sec of 1 replica)``.
@@ -596,7 +597,7 @@ def plot_report(report: BenchReport, path: str | os.PathLike) -> Path:
 # Child side: one configuration, in a fresh process.
 # --------------------------------------------------------------------------
 
-def step_timer(stop_after: int | None = None) -> Any:
+def step_timer(stop_after: int | None = None, warmup_steps: int = 0) -> Any:
     """A Keras callback that times every training step, from batch begin to batch end.
 
     That span covers fetching the batch from the input pipeline and the
@@ -607,7 +608,10 @@ def step_timer(stop_after: int | None = None) -> Any:
 
     Args:
         stop_after: stop training (``model.stop_training``) once this many
-            steps have run. Defaults to None (never).
+            steps have run after the warm-up. Defaults to None (never).
+        warmup_steps: steps of whole calls not counted by ``stop_after``:
+            calls are warm-up until they cover this many steps (so with
+            ``k`` steps per call, ``ceil(warmup_steps / k)`` calls).
 
     Returns:
         A ``keras.callbacks.Callback`` with, per call, ``durations``
@@ -640,10 +644,20 @@ def step_timer(stop_after: int | None = None) -> Any:
             self.durations.append(time.perf_counter() - start)
             self.steps.append(max(batch - first + 1, 1))
             self.epochs.append(self._epoch)
-            if stop_after is not None and sum(self.steps) >= stop_after:
+            if stop_after is not None and _after_warmup(self.steps, warmup_steps) >= stop_after:
                 self.model.stop_training = True
 
     return StepTimer()
+
+
+def _after_warmup(steps: Sequence[int], warmup_steps: int) -> int:
+    # Steps of the calls after those that cover the warm-up.
+    done = 0
+    for i, count in enumerate(steps):
+        if done >= warmup_steps:
+            return sum(steps[i:])
+        done += count
+    return 0
 
 
 def summarise_steps(durations: Sequence[float], steps: Sequence[int],
@@ -753,10 +767,15 @@ def _train_steps(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     total = spec["warmup_steps"] + spec["steps"]
     options = DataOptions()
     if spec["dataset"] == "synthetic":
-        # Enough generated images for every step in one epoch (plus slack for
-        # a partial batch); fewer would only add epoch boundaries.
-        options = DataOptions(examples=(total + 1) * spec["per_replica_batch"] * spec["replicas_in_sync"])
-    timer = step_timer(stop_after=total)
+        # Enough generated images for every step in one epoch, with room for
+        # whole calls of up to 16 steps on both sides of the timed span, and
+        # a multiple of 16 steps so train picks 16 per call.
+        per_epoch = 16 * math.ceil((total + 32) / 16)
+        options = DataOptions(
+            examples=per_epoch * spec["per_replica_batch"] * spec["replicas_in_sync"])
+    # Timed and warm-up steps come in whole tf.function calls (train picks
+    # several steps per call), so at least `steps` are timed.
+    timer = step_timer(stop_after=spec["steps"], warmup_steps=spec["warmup_steps"])
     with tempfile.TemporaryDirectory(prefix="mirrorkit-bench-") as tmp:
         config = TrainConfig(
             model=spec["model"], dataset=spec["dataset"], data=options,

@@ -153,7 +153,9 @@ def test_bench_cnn_digits_one_and_two_replicas(tmp_path):
     rows = data["rows"]
     assert [r["replicas"] for r in rows] == [1, 2]
     assert all(set(r) == set(FIELDS) for r in rows)
-    assert all(r["status"] == "ok" and r["images_per_sec"] > 0 and r["steps"] == 3 for r in rows)
+    # At least the 3 steps asked, in whole tf.function calls (train's default:
+    # several steps per call).
+    assert all(r["status"] == "ok" and r["images_per_sec"] > 0 and r["steps"] >= 3 for r in rows)
     assert rows[0]["efficiency"] == 1.0 and 0 < rows[1]["efficiency"] < 10
     assert rows[1]["global_batch"] == 32 and rows[1]["strategy"] == "mirrored"
     assert len(list(csv.DictReader((out / "bench.csv").open()))) == 2

@@ -19,7 +19,8 @@ from mirrorkit.commands._common import user_errors
               help="Worker counts, comma-separated; N > 1 starts N loopback worker "
               "processes with TF_CONFIG (one replica each).")
 @click.option("--steps", type=click.IntRange(min=1), default=30, show_default=True,
-              help="Timed training steps per configuration (after warm-up).")
+              help="Timed training steps per configuration (after warm-up), rounded up to "
+              "whole tf.function calls.")
 @click.option("--warmup-steps", type=click.IntRange(min=0), default=5, show_default=True,
               help="Untimed steps first (tracing, graph optimisation).")
 @click.option("--per-replica-batch", type=click.IntRange(min=1), default=32, show_default=True,
