@@ -251,38 +251,25 @@ def _make_scalar_logs(original: Callable[..., Any]) -> Callable[..., Any]:
     return reduce_per_replica
 
 
-FIXES: dict[str, Fix] = {
-    "symbolic-build": Fix(
-        name="symbolic-build",
-        ref="keras#20585",
-        summary="fit/evaluate reduce a PerReplica data batch across workers to "
-        "build the model, which fails in multi-worker mode.",
-        error="Attempt to convert a value (PerReplica",
-        _target=(_TRAINER, "_maybe_symbolic_build", "TensorFlowTrainer"),
-        _broken_marker="self.distribute_strategy.reduce(",
-        _make=_make_symbolic_build,
-    ),
-    "scalar-logs": Fix(
-        name="scalar-logs",
-        ref="tensorflow#72388",
-        summary="the multi-worker branch of reduce_per_replica reduces scalar "
-        "logs on axis 0.",
-        error="Invalid reduction dimension 0 for input with 0 dimensions",
-        _target=(_TRAINER, "reduce_per_replica", None),
-        _broken_marker='strategy.reduce("MEAN",v,axis=0)',
-        _make=_make_scalar_logs,
-    ),
-    "multi-step": Fix(
-        name="multi-step",
-        ref="keras#19246",
-        summary="steps_per_execution > 1 fails in fit/evaluate under a strategy "
-        "with 2+ replicas (the step runs inside a tf.cond in a while loop).",
-        error="You must feed a value for placeholder tensor",
-        _target=(_TRAINER, "_make_function", "TensorFlowTrainer"),
-        _broken_marker="one_step_on_data(next_optional_inputs.get_value())",
-        _make=_multistep.make,
-    ),
-}
+FIXES: dict[str, Fix] = {fix.name: fix for fix in (
+    Fix("symbolic-build", "keras#20585",
+        "fit/evaluate reduce a PerReplica data batch across workers to build the model, "
+        "which fails in multi-worker mode.",
+        "Attempt to convert a value (PerReplica",
+        (_TRAINER, "_maybe_symbolic_build", "TensorFlowTrainer"),
+        "self.distribute_strategy.reduce(", _make_symbolic_build),
+    Fix("scalar-logs", "tensorflow#72388",
+        "the multi-worker branch of reduce_per_replica reduces scalar logs on axis 0.",
+        "Invalid reduction dimension 0 for input with 0 dimensions",
+        (_TRAINER, "reduce_per_replica", None), 'strategy.reduce("MEAN",v,axis=0)',
+        _make_scalar_logs),
+    Fix("multi-step", "keras#19246",
+        "steps_per_execution > 1 fails in fit/evaluate under a strategy with 2+ replicas "
+        "(the step runs inside a tf.cond in a while loop).",
+        "You must feed a value for placeholder tensor",
+        (_TRAINER, "_make_function", "TensorFlowTrainer"),
+        "one_step_on_data(next_optional_inputs.get_value())", _multistep.make),
+)}
 
 
 def _check_names(names: Iterable[str], where: str) -> set[str]:

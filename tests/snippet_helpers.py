@@ -12,3 +12,18 @@ def errors(fn: Callable[[], Any]) -> str | None:
     except ValueError as err:
         return str(err)
     return None
+
+
+def without_fix(name: str, fn: Callable[[], Any]) -> str:
+    """Disable mirrorkit's compat fix ``name``, call ``fn``; return upstream's error text.
+
+    ``"no error"`` when ``fn`` succeeded, i.e. upstream no longer needs the fix.
+    """
+    from mirrorkit import compat
+
+    compat.apply(disable=[name])
+    try:
+        fn()
+    except Exception as err:  # whatever upstream raises is what the test records
+        return str(err)
+    return "no error"

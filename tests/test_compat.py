@@ -115,6 +115,7 @@ UNEVEN = """
 import json, numpy as np, keras
 import mirrorkit
 from mirrorkit import compat
+from snippet_helpers import without_fix
 strategy = mirrorkit.get_strategy(simulate_cpus=3)    # applies the fixes
 x = np.random.RandomState(0).rand(96, 8).astype("float32")
 y = np.random.RandomState(1).randint(0, 10, 96)
@@ -127,13 +128,8 @@ def fit_losses():
     # 32 over 3 replicas is split 11/11/10.
     return model.fit(x, y, batch_size=32, epochs=2, verbose=0, shuffle=False).history["loss"]
 
-out = {"applied": compat.status()["symbolic-build"], "losses": fit_losses()}
-compat.apply(disable=["symbolic-build"])
-try:
-    fit_losses()
-    out["upstream"] = "no error"
-except Exception as err:
-    out["upstream"] = str(err)
+out = {"applied": compat.status()["symbolic-build"], "losses": fit_losses(),
+       "upstream": without_fix("symbolic-build", fit_losses)}
 print("RESULT " + json.dumps(out))
 """
 
@@ -153,6 +149,7 @@ MULTI_STEP = """
 import json, numpy as np, keras, tensorflow as tf
 import mirrorkit
 from mirrorkit import compat
+from snippet_helpers import without_fix
 strategy = mirrorkit.get_strategy(simulate_cpus=2)    # applies the fixes
 x = np.random.RandomState(0).rand(200, 8).astype("float32")
 y = np.random.RandomState(1).randint(0, 3, 200)
@@ -174,13 +171,7 @@ one, four = run(1), run(4)
 out = {"applied": compat.status()["multi-step"],
        "max_diff": max(float(np.abs(a - b).max()) for a, b in zip(one[0], four[0])),
        "losses": [one[1], four[1]], "evaluate": [one[2], four[2]],
-       "iterations": [one[3], four[3]]}
-compat.apply(disable=["multi-step"])
-try:
-    run(4)
-    out["upstream"] = "no error"
-except Exception as err:
-    out["upstream"] = str(err)
+       "iterations": [one[3], four[3]], "upstream": without_fix("multi-step", lambda: run(4))}
 print("RESULT " + json.dumps(out))
 """
 
