@@ -717,8 +717,8 @@ def _watchdog(seconds: float) -> None:
 def _apply_threads(tf: Any, threads: int | None) -> None:
     # Must be set before TensorFlow's runtime starts, i.e. before the strategy.
     # Only the intra-op pool: collectives and the input pipeline keep their
-    # own threads (pinning a worker to one core starves them and triples the
-    # all-reduce time on a busy machine).
+    # own threads. (Pinning each worker to a core helped a tiny model on a
+    # quiet machine but not resnet20, and hurt on a busy one: not done.)
     if threads:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
 
