@@ -604,9 +604,9 @@ def worker_threads(nproc: int, env: Mapping[str, str]) -> int | None:
     """
     if nproc <= 1 or env.get(_env.TF_INTRA_OP_THREADS):
         return None
-    from mirrorkit.strategy import usable_cores
+    from mirrorkit.strategy import cores_each
 
-    return max(1, usable_cores() // nproc)
+    return cores_each(nproc)
 
 
 class _Group:

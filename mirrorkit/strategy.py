@@ -202,6 +202,16 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def cores_each(parts: int) -> int:
+    """Cores per part when ``parts`` replicas or workers share this machine (at least 1).
+
+    Example:
+        >>> cores_each(10_000)
+        1
+    """
+    return max(1, usable_cores() // parts)
+
+
 def share_cores(tf: Any, parts: int) -> int | None:
     """Give each TensorFlow op ``usable_cores() // parts`` threads (at least 1).
 
@@ -226,7 +236,7 @@ def share_cores(tf: Any, parts: int) -> int | None:
         return None
     if tf.config.threading.get_intra_op_parallelism_threads():
         return None
-    threads = max(1, usable_cores() // parts)
+    threads = cores_each(parts)
     try:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
     except RuntimeError:  # the runtime already started: too late, keep TF's choice
