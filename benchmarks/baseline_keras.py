@@ -9,7 +9,7 @@ and ``model.fit``. Nothing is tuned (no prefetch, no ``drop_remainder``, no
 
 Only the parts that are not the distribution harness come from mirrorkit, so
 both sides train exactly the same network on exactly the same images: the
-model architecture (:func:`mirrorkit.models.build_model`), the data arrays
+model architecture (:func:`mirrorkit.training.models.build_model`), the data arrays
 (:func:`mirrorkit.datasets.load`, materialised to NumPy like
 ``keras.datasets.*.load_data()`` returns them), and the stopwatch
 (:func:`mirrorkit.bench.step_timer`, the same one side B uses).
@@ -56,7 +56,7 @@ def main() -> None:
                      .batch(batch_size))
 
     # Tutorial step 4: build and compile inside the strategy's scope.
-    from mirrorkit.models import build_model
+    from mirrorkit.training.models import build_model
 
     with strategy.scope():
         model = build_model(args.model, input_shape=spec["input_shape"],

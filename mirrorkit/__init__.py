@@ -12,7 +12,6 @@ Example:
 
 from typing import Any
 
-from mirrorkit.cluster import ClusterSpec, build_tf_config, parse_tf_config
 from mirrorkit.compat import apply as fix_multi_worker
 from mirrorkit.data import (
     BatchSize,
@@ -22,9 +21,10 @@ from mirrorkit.data import (
     shard_policy,
     train_pipeline,
 )
-from mirrorkit.runtime import Runtime
-from mirrorkit.scope import build, scope, sync_batch_norm
-from mirrorkit.strategy import describe, get_strategy, select
+from mirrorkit.distribute.cluster import ClusterSpec, build_tf_config, parse_tf_config
+from mirrorkit.distribute.runtime import Runtime
+from mirrorkit.distribute.scope import build, scope, sync_batch_norm
+from mirrorkit.distribute.strategy import describe, get_strategy, select
 
 __version__ = "0.1.0"
 
@@ -60,12 +60,13 @@ __all__ = [
 ]
 
 # Names whose module imports Keras (so TensorFlow); loaded on first access.
-_LAZY = {"WarmupSchedule": "mirrorkit.schedules", "scale_learning_rate": "mirrorkit.schedules",
-         "save_model": "mirrorkit.callbacks",
+_LAZY = {"WarmupSchedule": "mirrorkit.training.schedules",
+         "scale_learning_rate": "mirrorkit.training.schedules",
+         "save_model": "mirrorkit.training.callbacks",
          # The `mirrorkit train` job as a library.
          "TrainConfig": "mirrorkit.training", "TrainResult": "mirrorkit.training",
          "train": "mirrorkit.training", "DataOptions": "mirrorkit.datasets",
-         "build_model": "mirrorkit.models",
+         "build_model": "mirrorkit.training.models",
          # `mirrorkit bench` as a library (TensorFlow-free itself; lazy to keep import light).
          "BenchConfig": "mirrorkit.bench", "run_bench": "mirrorkit.bench"}
 

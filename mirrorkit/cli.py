@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from mirrorkit import __version__
+from mirrorkit._version import __version__
 
 # name -> "module:attribute"; order is the order shown in --help.
 _COMMANDS = {

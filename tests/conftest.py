@@ -41,6 +41,28 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
+def consecutive_free_ports(n: int) -> int:
+    """A base port ``p`` with ``p .. p+n-1`` all free a moment ago."""
+    for _ in range(100):
+        base = free_ports(1)[0]
+        if base + n > 65535:
+            continue
+        socks = []
+        try:
+            for port in range(base, base + n):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError(f"no {n} consecutive free ports found")
+
+
+
 @pytest.fixture
 def run_python(tmp_path):
     """Run a Python snippet in a fresh interpreter; return CompletedProcess.

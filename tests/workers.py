@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 
 from conftest import clean_env, free_ports
 
-from mirrorkit.cluster import build_tf_config
+from mirrorkit.distribute.cluster import build_tf_config
 
 
 @dataclasses.dataclass(frozen=True)

@@ -47,7 +47,7 @@ def simulate_cpus_option(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def strategy_option(func: Callable[..., Any]) -> Callable[..., Any]:
     """``--strategy KIND``: auto, default, mirrored or multi_worker."""
-    from mirrorkit.strategy import KINDS
+    from mirrorkit.distribute.strategy import KINDS
 
     return click.option(
         "--strategy",

@@ -6,7 +6,11 @@ import json
 
 import click
 
-from mirrorkit.commands._common import simulate_cpus_option, strategy_option, user_errors
+from mirrorkit.commands._common import (
+    simulate_cpus_option,
+    strategy_option,
+    user_errors,
+)
 
 
 @click.command()
@@ -25,7 +29,7 @@ def info(as_json: bool, simulate_cpus: int | None, strategy: str | None) -> None
       TF_CONFIG='{"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 1}}' mirrorkit info
     """
     from mirrorkit import _env
-    from mirrorkit.report import environment_report
+    from mirrorkit.distribute.report import environment_report
 
     with user_errors():
         _env.quiet_tensorflow()

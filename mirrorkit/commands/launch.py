@@ -57,7 +57,8 @@ def launch(nproc: int | None, max_restarts: int, log_dir: str | None, port: int 
       # two machines, 2 workers each (run on both, --node-rank 0 and 1):
       mirrorkit launch -n 2 --hosts node1,node2 --port 23456 --node-rank 0 -- python train.py
     """
-    from mirrorkit.launcher import LaunchSpec, launch as run
+    from mirrorkit.launcher import LaunchSpec
+    from mirrorkit.launcher import launch as run
 
     with user_errors():
         if nproc is None:

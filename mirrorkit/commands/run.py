@@ -9,7 +9,11 @@ from typing import Iterator
 import click
 
 from mirrorkit import _env
-from mirrorkit.commands._common import simulate_cpus_option, strategy_option, user_errors
+from mirrorkit.commands._common import (
+    simulate_cpus_option,
+    strategy_option,
+    user_errors,
+)
 
 
 class _RunLog(logging.Handler):

@@ -33,7 +33,7 @@ def tf_config(workers: str, index: int, task_type: str, chief: str | None,
       eval "$(mirrorkit tf-config --workers host-a:12345,host-b:12345 --index 1 --export)"
       mirrorkit tf-config --workers w0:2222,w1:2222 --chief c:2222 --type chief --index 0
     """
-    from mirrorkit.cluster import build_tf_config, parse_hosts
+    from mirrorkit.distribute.cluster import build_tf_config, parse_hosts
 
     with user_errors():
         text = build_tf_config(parse_hosts(workers), index, task_type=task_type, chief=chief)

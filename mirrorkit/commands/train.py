@@ -11,17 +11,14 @@ from typing import Any, Callable
 
 import click
 
-from mirrorkit.commands._common import simulate_cpus_option, strategy_option, user_errors
-from mirrorkit.models import MODELS
-from mirrorkit.training import (
-    BASE_BATCH,
-    DEFAULT_EPOCHS,
-    DEFAULT_LR,
-    DEFAULT_PER_REPLICA_BATCH,
-    LR_SCALINGS,
-    OPTIMIZERS,
-    PRECISIONS,
+from mirrorkit.commands._common import (
+    simulate_cpus_option,
+    strategy_option,
+    user_errors,
 )
+from mirrorkit.training import config as defaults
+from mirrorkit.training.models import MODELS
+
 
 class _StepsPerExecution(click.ParamType):
     """``N`` (a positive integer) or ``auto`` (-> None, chosen by ``train``)."""
@@ -111,23 +108,23 @@ def build_data_options(kwargs: dict[str, Any]) -> Any:
 @click.option("--model", default="cnn", show_default=True, help=f"{', '.join(MODELS)}.")
 @click.option("--augment", is_flag=True,
               help="Random flip + translation layers inside the model (on the device).")
-@click.option("--epochs", type=int, default=DEFAULT_EPOCHS, show_default=True,
+@click.option("--epochs", type=int, default=defaults.DEFAULT_EPOCHS, show_default=True,
               help="Epochs to train.")
 @click.option("--per-replica-batch", type=int, default=None,
-              help=f"Images per replica per step. Default: {DEFAULT_PER_REPLICA_BATCH} "
+              help=f"Images per replica per step. Default: {defaults.DEFAULT_PER_REPLICA_BATCH} "
               "(unless --global-batch).")
 @click.option("--global-batch", type=int, default=None,
               help="Images per step over all replicas; must divide by the replicas.")
-@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adam",
+@click.option("--optimizer", type=click.Choice(defaults.OPTIMIZERS), default="adam",
               show_default=True, help="momentum = SGD with momentum 0.9.")
 @click.option("--lr", type=float, default=None,
-              help=f"Learning rate for a global batch of {BASE_BATCH}. Default: "
-              + ", ".join(f"{lr:g} ({name})" for name, lr in DEFAULT_LR.items()) + ".")
-@click.option("--lr-scaling", type=click.Choice(LR_SCALINGS), default="linear",
-              show_default=True, help=f"Scale --lr from batch {BASE_BATCH} to the global batch.")
+              help=f"Learning rate for a global batch of {defaults.BASE_BATCH}. Default: "
+              + ", ".join(f"{lr:g} ({name})" for name, lr in defaults.DEFAULT_LR.items()) + ".")
+@click.option("--lr-scaling", type=click.Choice(defaults.LR_SCALINGS), default="linear",
+              show_default=True, help=f"Scale --lr from batch {defaults.BASE_BATCH} to the global batch.")
 @click.option("--warmup-epochs", type=float, default=0.0, show_default=True,
               help="Ramp the learning rate up linearly over this many epochs.")
-@click.option("--precision", type=click.Choice(PRECISIONS),
+@click.option("--precision", type=click.Choice(defaults.PRECISIONS),
               default="float32", show_default=True, help="Keras dtype policy.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seeds weights, shuffling and augmentation.")

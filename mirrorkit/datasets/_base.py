@@ -10,21 +10,11 @@ import numbers
 import re
 from typing import Any, Callable
 
+from mirrorkit._checks import check_positive_int  # noqa: F401 -- the sources import it from here
+
 # Validation is held out with this seed, never with the training seed, so the
 # validation set (and so every reported accuracy) is the same from run to run.
 SPLIT_SEED = 0
-
-
-def check_positive_int(name: str, value: Any) -> int:
-    """Return ``value`` as an int, or raise the Keras-style ValueError.
-
-    Example:
-        >>> check_positive_int("shards", 4)
-        4
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
-    return int(value)
 
 
 def tf_error_text(err: BaseException) -> str:

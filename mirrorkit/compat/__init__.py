@@ -1,0 +1,101 @@
+"""Minimal fixes that make Keras 3 ``fit``/``evaluate``/``predict`` work under MWMS.
+
+With TensorFlow 2.21 and Keras 3.15, ``model.fit`` under
+``tf.distribute.MultiWorkerMirroredStrategy`` fails before the first step
+(keras-team/keras#20585, tensorflow/tensorflow#72388), and
+``steps_per_execution > 1`` fails under any strategy with 2+ replicas
+(keras-team/keras#19246). Three independent spots in
+``keras/src/backend/tensorflow/trainer.py`` are to blame; each has a fix here:
+
+``symbolic-build`` (keras#20585, part 1)
+    ``TensorFlowTrainer._maybe_symbolic_build`` peeks at one batch and calls
+    ``strategy.reduce("MEAN", per_replica_batch, axis=None)`` to get one
+    example batch. In multi-worker mode that raises ``ValueError: Attempt to
+    convert a value (PerReplica...)``. Under a local MirroredStrategy it fails
+    too whenever the global batch does not divide evenly by the replicas
+    (``fit(x, y, batch_size=32)`` on 3 GPUs: "Inputs to operation AddN ...
+    must have the same size and shape"). The build only needs shapes and
+    dtypes, so the fix hands it this worker's first local replica batch
+    (``experimental_local_results(v)[0]``): no collective, same shapes.
+
+``scalar-logs`` (keras#20585, part 2; tensorflow#72388)
+    ``reduce_per_replica``'s multi-worker branch reduces the step logs with
+    ``strategy.reduce("MEAN", v, axis=0)``. Logs are scalars (loss, metric
+    results), so TF raises ``Invalid reduction dimension 0 for input with 0
+    dimensions``. The fix reduces rank-0 values with ``axis=None`` (the mean
+    over replicas, which is what the single-worker branch computes), all
+    scalars of a dtype in one collective instead of one each, and leaves
+    every other value and reduction to Keras.
+
+``multi-step`` (keras#19246)
+    With ``steps_per_execution > 1`` Keras runs each step inside a
+    ``tf.cond`` in a ``tf.while_loop``; under 2+ replicas the cond's branch
+    captures per-replica tensors it never feeds ("You must feed a value for
+    placeholder tensor ..."). The fix (:mod:`mirrorkit.compat.multistep`) runs the
+    same steps in a while loop whose condition, not a cond around the step,
+    checks for the next batch. One replica keeps Keras's code.
+
+``predict`` needs no fix on the installed versions: Keras gathers every
+replica's outputs in replica order (``_multi_worker_concat``) and the array
+adapter shards batches by replica, so each worker gets every example once,
+in order (``tests/compat/test_multi_worker.py`` checks this against a single-process
+predict).
+
+How a fix decides it is needed: it looks for the broken call in the source of
+the installed Keras function (e.g. ``distribute_strategy.reduce(`` inside
+``_maybe_symbolic_build``). That detects the broken code path exactly,
+without running a collective, and stops applying the fix the day upstream
+changes that code. When the source is unavailable (a frozen install) it falls
+back to the affected version range in :mod:`mirrorkit.compat.known_issues`.
+
+Every fix is idempotent, is applied only when needed, and can be disabled:
+``apply(disable=[...])``, or ``MIRRORKIT_COMPAT=off`` (all fixes) /
+``MIRRORKIT_COMPAT_DISABLE=symbolic-build,scalar-logs`` (some) in the
+environment. Tests disable a fix to assert the upstream failure still exists,
+so mirrorkit notices when upstream fixes it.
+
+:func:`mirrorkit.get_strategy` applies the fixes when it creates a
+multi-worker strategy. Code that creates its own strategy calls
+:func:`apply` (or ``mirrorkit.fix_multi_worker()``) once, before ``fit``.
+
+Example:
+    >>> import tensorflow as tf                                  # doctest: +SKIP
+    >>> import mirrorkit
+    >>> strategy = tf.distribute.MultiWorkerMirroredStrategy()   # doctest: +SKIP
+    >>> mirrorkit.fix_multi_worker()                             # doctest: +SKIP
+    {'symbolic-build': 'applied', 'scalar-logs': 'applied', 'multi-step': 'applied'}
+"""
+
+from mirrorkit.compat.failure_detection import (
+    DEFAULT_JOIN_TIMEOUT,
+    DEFAULT_PEER_TIMEOUT,
+    EXIT_MARGIN,
+    configure_failure_detection,
+)
+from mirrorkit.compat.registry import (
+    APPLIED,
+    DISABLED,
+    FIXES,
+    NOT_APPLIED,
+    NOT_NEEDED,
+    Fix,
+    apply,
+    revert,
+    status,
+)
+
+__all__ = [
+    "APPLIED",
+    "DEFAULT_JOIN_TIMEOUT",
+    "DEFAULT_PEER_TIMEOUT",
+    "DISABLED",
+    "EXIT_MARGIN",
+    "FIXES",
+    "NOT_APPLIED",
+    "NOT_NEEDED",
+    "Fix",
+    "apply",
+    "configure_failure_detection",
+    "revert",
+    "status",
+]

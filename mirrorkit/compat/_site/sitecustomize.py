@@ -1,0 +1,33 @@
+"""mirrorkit's worker bootstrap (on PYTHONPATH only under ``mirrorkit launch``).
+
+Python imports ``sitecustomize`` at start-up. This one runs any
+``sitecustomize`` it shadows, then asks :mod:`mirrorkit.compat.autofix` to apply
+mirrorkit's Keras fixes once the program imports TensorFlow and Keras. It
+never fails the program: without mirrorkit importable it does nothing.
+"""
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+
+def _run_shadowed() -> None:
+    # Keep the user's or the distribution's own sitecustomize working.
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is not None and spec.loader is not None and spec.origin != os.path.abspath(__file__):
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+
+
+try:
+    _run_shadowed()
+finally:
+    try:
+        from mirrorkit.compat import autofix
+
+        autofix.install()
+    except Exception:  # a broken or missing mirrorkit must not break the worker
+        pass

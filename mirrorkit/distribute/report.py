@@ -1,0 +1,91 @@
+"""The environment report behind ``mirrorkit info``.
+
+Example:
+    >>> from mirrorkit.distribute.report import environment_report
+    >>> data = environment_report(simulate_cpus=2)        # doctest: +SKIP
+    >>> data["replicas"]                                  # doctest: +SKIP
+    2
+"""
+
+from __future__ import annotations
+
+import platform
+from typing import Any
+
+from mirrorkit._version import __version__
+from mirrorkit.compat import known_issues as upstream
+
+
+def versions() -> dict[str, str | None]:
+    """Versions of Python and the stack, read without importing TensorFlow.
+
+    Example:
+        >>> sorted(versions())[:2]
+        ['keras', 'mirrorkit']
+    """
+    return {
+        "python": platform.python_version(),
+        "tensorflow": upstream.installed_version("tensorflow"),
+        "keras": upstream.installed_version("keras"),
+        "tensorflow-datasets": upstream.installed_version("tensorflow-datasets"),
+        "mirrorkit": __version__,
+    }
+
+
+def environment_report(*, strategy: str | None = None,
+                       simulate_cpus: int | None = None) -> dict[str, Any]:
+    """Select the strategy as training would and describe everything found.
+
+    Args:
+        strategy: strategy kind (default: ``MIRRORKIT_STRATEGY`` or auto).
+        simulate_cpus: logical CPU devices to simulate (default:
+            ``MIRRORKIT_SIMULATE_CPUS`` or none).
+
+    Returns:
+        A JSON-ready dict with the keys ``python``, ``tensorflow``, ``keras``,
+        ``tensorflow-datasets``, ``mirrorkit``, ``strategy``, ``replicas``,
+        ``workers``, ``task``, ``is_chief``, ``devices``,
+        ``physical_devices``, ``reason``, ``cluster_source``, ``warnings``,
+        and ``slurm`` (this task's place in the step) when the cluster
+        comes from a Slurm step.
+
+    Raises:
+        ValueError: for a malformed ``TF_CONFIG`` or bad option.
+        RuntimeError: when the strategy cannot be created.
+    """
+    from mirrorkit.distribute.strategy import describe, get_strategy, resolve
+
+    sel = resolve(strategy, simulate_cpus=simulate_cpus)
+    import tensorflow as tf
+
+    physical = [f"{d.device_type}:{d.name.rsplit(':', 1)[-1]}"
+                for d in tf.config.list_physical_devices()]
+    if sel.kind == "multi_worker":
+        # Creating a multi-worker strategy joins the cluster and blocks until
+        # every peer is up; a report must not do that, so describe the plan.
+        spec = sel.cluster
+        runtime = {
+            "strategy": "multi_worker", "replicas": None,
+            "workers": spec.num_workers if spec else 1,
+            "task": f"{spec.task_type}:{spec.task_index}" if spec else "worker:0",
+            "is_chief": spec.is_chief if spec else True,
+            "devices": [], "reason": sel.reason, "cluster_source": sel.cluster_source,
+            "cluster": spec.to_dict()["cluster"] if spec else None,
+        }
+    else:
+        rt = describe(get_strategy(strategy, simulate_cpus=simulate_cpus))
+        runtime = rt.to_dict()
+        runtime.pop("task_type")
+        runtime.pop("task_index")
+    data: dict[str, Any] = dict(versions())
+    data.update(runtime)
+    if sel.cluster_source == "slurm":
+        from mirrorkit.distribute import slurm
+
+        task = slurm.current()
+        data["slurm"] = task.describe() if task is not None else None
+    data["physical_devices"] = physical
+    data["logical_devices"] = [d.name for d in tf.config.list_logical_devices()]
+    data["warnings"] = [f"{i.ref}: {i.summary} mirrorkit: {i.handling}"
+                        for i in upstream.affecting()]
+    return data

@@ -1,0 +1,77 @@
+"""What ``mirrorkit run`` runs: :class:`RunConfig`, and :class:`ScriptFailed` when it fails.
+
+Example:
+    >>> RunConfig(script="train.py", args=("--epochs", "3")).args
+    ('--epochs', '3')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """What to run and how (the ``mirrorkit run`` flags).
+
+    Attributes:
+        script: path of the ``.py`` file to run.
+        args: the script's own arguments (its ``sys.argv[1:]``).
+        strategy: strategy kind; None falls back to ``MIRRORKIT_STRATEGY``, then auto.
+        simulate_cpus: logical CPU devices; None falls back to
+            ``MIRRORKIT_SIMULATE_CPUS``, then none.
+        scale_batch: treat the script's ``batch_size`` as per replica; None
+            falls back to ``MIRRORKIT_SCALE_BATCH``, then False.
+
+    Example:
+        >>> RunConfig(script="train.py", args=("--epochs", "3")).args
+        ('--epochs', '3')
+    """
+
+    script: str | os.PathLike[str]
+    args: tuple[str, ...] = ()
+    strategy: str | None = None
+    simulate_cpus: int | None = None
+    scale_batch: bool | None = None
+
+
+class ScriptFailed(Exception):
+    """The script raised an uncaught exception (Python would exit with 1).
+
+    Attributes:
+        traceback_text: the traceback as ``python script.py`` would print it,
+            starting at the script's own frame.
+        exit_code: 1, like the interpreter.
+    """
+
+    exit_code = 1
+
+    def __init__(self, traceback_text: str) -> None:
+        super().__init__(traceback_text.rstrip().splitlines()[-1] if traceback_text else "")
+        self.traceback_text = traceback_text
+
+
+def check_script(script: str | os.PathLike[str]) -> Path:
+    """Check that ``script`` is an existing ``.py`` file and return its path.
+
+    Raises:
+        FileNotFoundError: when it does not exist.
+        ValueError: when it is a directory or does not end in ``.py``.
+
+    Example:
+        >>> check_script("surely/missing.py")
+        Traceback (most recent call last):
+        ...
+        FileNotFoundError: Script not found. Received: script='surely/missing.py'
+    """
+    path = Path(script)
+    if not path.exists():
+        raise FileNotFoundError(f"Script not found. Received: script={os.fspath(script)!r}")
+    if path.is_dir() or path.suffix != ".py":
+        raise ValueError(
+            f"The script must be a Python file ending in .py. Received: "
+            f"script={os.fspath(script)!r}"
+        )
+    return path

@@ -1,0 +1,139 @@
+"""Who writes in a multi-worker job, and where the others write instead.
+
+The chief writes real paths; every other worker writes to a private
+:class:`Scratch` directory that is removed afterwards, so no file is ever
+opened by two processes (see :mod:`mirrorkit.training.callbacks`).
+:func:`broadcast_from_chief` hands the chief's restored state to everyone.
+
+Example:
+    >>> from mirrorkit.training.chief import is_chief
+    >>> is_chief()                                       # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import shutil
+import tempfile
+import weakref
+from typing import Any
+
+
+def strategy_of(model_or_strategy: Any) -> Any:
+    """The strategy of a model, a strategy itself, or (None) the current one."""
+    import tensorflow as tf
+
+    if model_or_strategy is None:
+        return tf.distribute.get_strategy()
+    return getattr(model_or_strategy, "distribute_strategy", model_or_strategy)
+
+
+def is_chief(model_or_strategy: Any = None) -> bool:
+    """True when this process writes checkpoints and logs.
+
+    Args:
+        model_or_strategy: a Keras model (its ``distribute_strategy`` is used),
+            a ``tf.distribute.Strategy``, or None for the current strategy.
+
+    Example:
+        >>> from mirrorkit.training.callbacks import is_chief
+        >>> is_chief()                                       # doctest: +SKIP
+        True
+    """
+    strategy = strategy_of(model_or_strategy)
+    return bool(getattr(strategy.extended, "should_checkpoint", True))
+
+
+def task_label(strategy: Any) -> str:
+    """``"worker1"`` style name of this task, or ``"local"`` outside a cluster."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    task_type = getattr(resolver, "task_type", None)
+    if not task_type:
+        return "local"
+    return f"{task_type}{int(getattr(resolver, 'task_id', 0) or 0)}"
+
+
+def in_multi_worker_mode(strategy: Any) -> bool:
+    """True when ``strategy`` spans several worker processes."""
+    extended = strategy.extended
+    return bool(getattr(extended, "_in_multi_worker_mode", lambda: False)())
+
+
+class Scratch:
+    """A non-chief worker's private stand-in for a real path; removed when done.
+
+    The name ties it to (callback kind, real path, task) so the same task's
+    next start can delete what a killed run left behind, without touching
+    other jobs' or other tasks' directories.
+    """
+
+    def __init__(self, kind: str, real_path: str, task: str) -> None:
+        digest = hashlib.sha1(os.path.abspath(real_path).encode()).hexdigest()[:10]
+        self.prefix = f"mirrorkit-{kind}-{digest}-{task}-"
+        self.path: str | None = None
+        self._finalizer: Any = None
+
+    def get(self) -> str:
+        if self.path is None or not os.path.isdir(self.path):
+            self._remove_stale()
+            self.path = tempfile.mkdtemp(prefix=self.prefix)
+            # Runs at garbage collection or interpreter exit, so an exception
+            # that ends fit() (no on_train_end) still cleans up.
+            self._finalizer = weakref.finalize(self, shutil.rmtree, self.path, True)
+        return self.path
+
+    def _remove_stale(self) -> None:
+        for stale in glob.glob(os.path.join(tempfile.gettempdir(), self.prefix + "*")):
+            shutil.rmtree(stale, ignore_errors=True)
+
+    def clear(self) -> None:
+        """Empty the directory but keep it (between saves)."""
+        if self.path and os.path.isdir(self.path):
+            for name in os.listdir(self.path):
+                full = os.path.join(self.path, name)
+                if os.path.isdir(full):
+                    shutil.rmtree(full, ignore_errors=True)
+                else:
+                    os.remove(full)
+
+    def remove(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()
+        self.path, self._finalizer = None, None
+
+
+def broadcast_from_chief(strategy: Any, values: list[Any]) -> list[Any]:
+    """Return the chief's copy of each tensor in ``values``, on every worker.
+
+    An all-reduce SUM in which only global replica 0 (the chief's first
+    device) contributes its value and every other replica contributes zeros:
+    exact, and made of public API. Every worker must call it.
+    """
+    import tensorflow as tf
+
+    # Integers travel as float64 (exact below 2**53); one all-reduce per dtype
+    # because a packed all-reduce needs a single dtype.
+    wire = [v if v.dtype.is_floating else tf.cast(v, tf.float64) for v in values]
+    groups: dict[Any, list[int]] = {}
+    for i, t in enumerate(wire):
+        groups.setdefault(t.dtype, []).append(i)
+
+    @tf.function
+    def _step(tensors):
+        def _replica_fn(tensors):
+            ctx = tf.distribute.get_replica_context()
+            is_source = tf.equal(ctx.replica_id_in_sync_group, 0)
+            mine = [tf.where(is_source, t, tf.zeros_like(t)) for t in tensors]
+            return ctx.all_reduce(tf.distribute.ReduceOp.SUM, mine)
+
+        return strategy.run(_replica_fn, args=(tensors,))
+
+    out: list[Any] = [None] * len(values)
+    for indices in groups.values():
+        reduced = _step([wire[i] for i in indices])
+        for i, r in zip(indices, reduced):
+            out[i] = tf.cast(strategy.experimental_local_results(r)[0], values[i].dtype)
+    return out

@@ -1,0 +1,194 @@
+"""What a ``mirrorkit train`` run is: :class:`TrainConfig` in, :class:`TrainResult` out.
+
+Both are plain frozen dataclasses validated without TensorFlow, so the CLI
+checks every flag before any TensorFlow start-up.
+
+Example:
+    >>> TrainConfig(epochs=3, optimizer="sgd").base_lr
+    0.05
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from pathlib import Path
+from typing import Any, Sequence
+
+from mirrorkit.datasets import DataOptions, parse_spec
+from mirrorkit.datasets._base import check_positive_int
+from mirrorkit.training.models import model_spec
+
+OPTIMIZERS = ("sgd", "momentum", "adam")
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+LR_SCALINGS = ("linear", "sqrt", "none")
+# ``lr`` is the rate for a global batch of BASE_BATCH (the default per-replica
+# batch: on one device nothing is scaled); it is scaled to the real global batch.
+BASE_BATCH = 32
+DEFAULT_LR = {"sgd": 0.05, "momentum": 0.0125, "adam": 0.002}
+DEFAULT_EPOCHS = 10
+DEFAULT_PER_REPLICA_BATCH = 32
+
+
+def _choice(name: str, value: Any, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"Unknown {name}. Valid: {', '.join(choices)}. Received: {name}={value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Everything one training run needs; validated on construction (no TensorFlow).
+
+    Attributes:
+        dataset: ``digits`` (default), ``synthetic``, ``tfds:NAME``,
+            ``folder:PATH`` or ``files:GLOB`` (see :mod:`mirrorkit.datasets`).
+        data: how to read it (image size, TFDS data_dir, splits, ...).
+        model: ``cnn`` (default), ``resnet20``, ``resnet56``, ``resnet50``,
+            ``mobilenet_v2`` or ``efficientnet_b0`` (see :mod:`mirrorkit.training.models`).
+        augment: random flip and translation layers inside the model.
+        epochs: epochs to train. Defaults to 10 (digits: >= 0.95 val accuracy).
+        per_replica_batch: examples per replica per step. Defaults to 32 when
+            ``global_batch`` is not given.
+        global_batch: examples per step over all replicas (must divide by
+            the replicas); exclusive with ``per_replica_batch``.
+        optimizer: ``sgd``, ``momentum`` (SGD, momentum 0.9) or ``adam`` (default).
+        lr: learning rate for a global batch of 32 (:data:`BASE_BATCH`).
+            Defaults to 0.05 (sgd), 0.0125 (momentum) or 0.002 (adam; twice
+            Keras's default, which the default digits run needs to reach 0.95
+            in a few epochs).
+        lr_scaling: scale ``lr`` to the global batch: ``linear`` (default;
+            Goyal et al. 2017), ``sqrt`` or ``none``.
+        warmup_epochs: ramp the rate linearly over this many epochs, from the
+            unscaled ``lr`` (from 0 when nothing is scaled) to the scaled one.
+            Defaults to 0.
+        precision: ``float32`` (default), ``mixed_float16`` or ``mixed_bfloat16``.
+        seed: seeds weights, shuffling and augmentation. Defaults to 0, so
+            runs repeat; the validation split never depends on it.
+        steps_per_execution: training steps per ``tf.function`` call.
+            Defaults to ``None`` = automatic: the largest number up to 16 that
+            divides the steps of an epoch (see :func:`auto_steps_per_execution`),
+            which amortises Keras's per-step Python work over several steps.
+            Callbacks then see one batch end per call; per-epoch validation
+            runs a multiple of it. Above 1 with 2+ replicas needs mirrorkit's ``multi-step``
+            compat fix (keras#19246; applied by :func:`mirrorkit.get_strategy`).
+        strategy: ``auto`` (default, also ``MIRRORKIT_STRATEGY``), ``default``,
+            ``mirrored`` or ``multi_worker``.
+        simulate_cpus: split a GPU-less CPU into N logical devices
+            (default ``MIRRORKIT_SIMULATE_CPUS``).
+        output: run directory. Defaults to a new ``runs/<time>-<model>-<dataset>``.
+            An existing directory holding a run is refused unless ``resume``.
+        resume: continue the run in ``output`` from its backup.
+
+    Raises:
+        ValueError: for any invalid value, naming it (``Received: epochs=0``).
+
+    Example:
+        >>> TrainConfig(epochs=3).epochs
+        3
+        >>> TrainConfig(epochs=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: `epochs` must be a positive integer. Received: epochs=0
+    """
+
+    dataset: str = "digits"
+    data: DataOptions = dataclasses.field(default_factory=DataOptions)
+    model: str = "cnn"
+    augment: bool = False
+    epochs: int = DEFAULT_EPOCHS
+    per_replica_batch: int | None = None
+    global_batch: int | None = None
+    optimizer: str = "adam"
+    lr: float | None = None
+    lr_scaling: str = "linear"
+    warmup_epochs: float = 0.0
+    precision: str = "float32"
+    seed: int = 0
+    steps_per_execution: int | None = None
+    strategy: str | None = None
+    simulate_cpus: int | None = None
+    output: str | None = None
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        from mirrorkit.distribute.selection import KINDS
+
+        parse_spec(self.dataset)
+        model_spec(self.model)
+        if not isinstance(self.data, DataOptions):
+            raise ValueError(f"`data` must be a mirrorkit.datasets.DataOptions. "
+                             f"Received: data={self.data!r}")
+        check_positive_int("epochs", self.epochs)
+        if self.per_replica_batch is not None and self.global_batch is not None:
+            raise ValueError(
+                "Pass at most one of `per_replica_batch` and `global_batch`. Received: "
+                f"per_replica_batch={self.per_replica_batch!r}, global_batch={self.global_batch!r}")
+        for name in ("per_replica_batch", "global_batch", "simulate_cpus"):
+            if getattr(self, name) is not None:
+                check_positive_int(name, getattr(self, name))
+        if self.steps_per_execution is not None:
+            check_positive_int("steps_per_execution", self.steps_per_execution)
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
+        _choice("precision", self.precision, PRECISIONS)
+        _choice("lr_scaling", self.lr_scaling, LR_SCALINGS)
+        if self.strategy is not None:
+            _choice("strategy", self.strategy, KINDS)
+        lr = self.lr
+        if lr is not None and (isinstance(lr, bool) or not isinstance(lr, numbers.Real)
+                               or not 0 < lr < math.inf):
+            raise ValueError(f"`lr` must be a positive finite number. Received: lr={lr!r}")
+        warm = self.warmup_epochs
+        if isinstance(warm, bool) or not isinstance(warm, numbers.Real) or not 0 <= warm < math.inf:
+            raise ValueError(
+                f"`warmup_epochs` must be a number >= 0. Received: warmup_epochs={warm!r}")
+        seed = self.seed
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+            raise ValueError(f"`seed` must be an integer >= 0. Received: seed={self.seed!r}")
+        if self.resume and not self.output:
+            raise ValueError("`resume` continues the run in `output`: pass --output DIR "
+                             "(output=...) too. Received: output=None")
+
+    @property
+    def base_lr(self) -> float:
+        """``lr``, or the optimizer's default, before scaling.
+
+        Example:
+            >>> TrainConfig(optimizer="sgd").base_lr
+            0.05
+        """
+        return float(self.lr) if self.lr is not None else DEFAULT_LR[self.optimizer]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    """What :func:`train` returns.
+
+    Attributes:
+        val_accuracy: accuracy on the validation split after training.
+        val_loss: loss on the validation split.
+        epochs: epochs of the run in total (``config.epochs``).
+        epochs_run: epochs this call trained (fewer when resumed).
+        images_per_second: training throughput over all replicas.
+        images_per_second_per_replica: the same, per replica.
+        output_dir: the run directory (written by the chief only).
+        metrics: the content of ``metrics.json``.
+        runtime: the strategy description (:class:`mirrorkit.Runtime`).
+        model: the trained ``keras.Model``.
+
+    Example:
+        >>> result = train(TrainConfig(epochs=1))       # doctest: +SKIP
+        >>> result.metrics["global_batch"]              # doctest: +SKIP
+        32
+    """
+
+    val_accuracy: float
+    val_loss: float
+    epochs: int
+    epochs_run: int
+    images_per_second: float | None
+    images_per_second_per_replica: float | None
+    output_dir: Path
+    metrics: dict[str, Any]
+    runtime: Any = dataclasses.field(repr=False)
+    model: Any = dataclasses.field(repr=False)

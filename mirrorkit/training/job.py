@@ -1,0 +1,357 @@
+"""The ``mirrorkit train`` job as a library function: TrainConfig in, TrainResult out.
+
+:func:`train` is a short sequence of named steps: create the strategy first
+(devices can only be split before any other TensorFlow op) and check the
+output folder, load the dataset, plan the batch, steps and learning rate
+(:mod:`mirrorkit.training.plan`), build and compile the model inside the
+strategy's scope, build the input pipelines, fit with mirrorkit's callbacks,
+score on every validation example, and write, on the chief only::
+
+    OUTPUT/model.keras      the trained model (keras.models.load_model)
+    OUTPUT/metrics.json     val_accuracy, val_loss, batch, lr, throughput, ...
+    OUTPUT/history.csv      one row per epoch
+    OUTPUT/logs/            TensorBoard
+    OUTPUT/backup/          the per-epoch backup ``resume=True`` continues from
+                            (removed when training finishes)
+
+Example:
+    >>> from mirrorkit.training import TrainConfig, train
+    >>> result = train(TrainConfig(epochs=3, output="runs/demo"))   # doctest: +SKIP
+    >>> round(result.val_accuracy, 2)                               # doctest: +SKIP
+    0.97
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from mirrorkit.training.config import BASE_BATCH, TrainConfig, TrainResult
+from mirrorkit.training.output import (
+    RUN_FILES,
+    check_output,
+    default_output,
+    has_backup,
+    make_output,
+    relaunched_with_backup,
+)
+from mirrorkit.training.plan import TrainPlan, lr_text, make_plan
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """What the first step establishes: the strategy, where output goes, who reports."""
+
+    config: TrainConfig
+    strategy: Any
+    runtime: Any
+    out: Path
+    tell: Callable[[str], Any]
+
+
+def train(config: TrainConfig | None = None, *, callbacks: Sequence[Any] = (),
+          echo: Callable[[str], Any] | None = None) -> TrainResult:
+    """Train ``config.model`` on ``config.dataset`` on every local device (or worker).
+
+    Only the chief reports and writes files; every worker trains. The steps
+    are listed in the module docstring.
+
+    Args:
+        config: the run. Defaults to ``TrainConfig()`` (cnn on digits).
+        callbacks: extra Keras callbacks, run after mirrorkit's own.
+        echo: called with each line for the user (summary, per-epoch
+            throughput, result); e.g. ``print``. Defaults to logging at INFO.
+
+    Returns:
+        A :class:`TrainResult`.
+
+    Raises:
+        ValueError: bad dataset/model/batch/learning-rate combination, or an
+            output directory that holds a previous run (without ``resume``).
+        FileNotFoundError: missing data, or ``resume`` without a backup.
+        PermissionError / NotADirectoryError: an output path that cannot be written.
+        RuntimeError: the loss became NaN/inf (the epoch and step are named;
+            the last good backup is kept), or the strategy cannot be created.
+
+    Example:
+        >>> result = train(TrainConfig(epochs=2), echo=print)   # doctest: +SKIP
+        >>> sorted(result.metrics)[:3]                         # doctest: +SKIP
+        ['augment', 'base_learning_rate', 'class_names']
+    """
+    started = time.monotonic()
+    run = _start(config or TrainConfig(), echo or logger.info)
+    data = _load_data(run)
+    plan = make_plan(run.config, train_examples=data.train_examples,
+                     val_examples=data.val_examples, replicas=run.runtime.replicas,
+                     name=data.name)
+    model = _build_model(run, data, plan)
+    train_ds, val_ds = _pipelines(run, data, plan)
+    for line in _summary(run, data, plan, model):
+        run.tell(line)
+    history, meter = _fit(run, model, plan, train_ds, val_ds, callbacks)
+    scores = _evaluate_all(model, data, plan.val_batch.global_batch)
+    metrics = _metrics(run, data, plan, model, history, meter, scores, started)
+    _write_results(run, model, metrics, plan)
+    return TrainResult(
+        val_accuracy=metrics["val_accuracy"], val_loss=metrics["val_loss"],
+        epochs=run.config.epochs, epochs_run=metrics["epochs_run"],
+        images_per_second=metrics["images_per_second"],
+        images_per_second_per_replica=metrics["images_per_second_per_replica"],
+        output_dir=run.out, metrics=metrics, runtime=run.runtime, model=model)
+
+
+def _start(config: TrainConfig, say: Callable[[str], Any]) -> _Run:
+    # The strategy comes first: devices and collectives are configured once,
+    # before TensorFlow runs anything (loading a dataset may).
+    from mirrorkit.distribute.strategy import describe, get_strategy
+
+    strategy = get_strategy(config.strategy, simulate_cpus=config.simulate_cpus)
+    runtime = describe(strategy)
+    # Only the chief checks and creates the run directory; other workers write
+    # nothing there (the chief-aware callbacks give them temporary paths).
+    out = check_output(config) if runtime.is_chief else (
+        Path(config.output).expanduser() if config.output else default_output(config))
+    if not config.resume and relaunched_with_backup(config, out):
+        config = dataclasses.replace(config, resume=True, output=str(out))
+    return _Run(config, strategy, runtime, out, say if runtime.is_chief else _silent)
+
+
+def _silent(line: str) -> None:
+    """Non-chief workers report nothing."""
+
+
+def _load_data(run: _Run) -> Any:
+    from mirrorkit import datasets
+    from mirrorkit.training.models import check_input
+
+    data = datasets.load(run.config.dataset, run.config.data)
+    check_input(run.config.model, data.image_shape)
+    return data
+
+
+def _build_model(run: _Run, data: Any, plan: TrainPlan) -> Any:
+    import keras
+
+    from mirrorkit.training.models import build_model
+
+    config = run.config
+    keras.utils.set_random_seed(config.seed)
+    with run.strategy.scope(), _dtype_policy(config.precision):
+        model = build_model(config.model, input_shape=data.image_shape,
+                            num_classes=data.num_classes, augment=config.augment,
+                            seed=config.seed)
+        # jit_compile=False: XLA fails on logical (simulated) CPU devices, and
+        # "auto" must not pick it silently.
+        model.compile(optimizer=_optimizer(config.optimizer, plan.schedule(config)),
+                      loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+                      steps_per_execution=plan.steps_per_execution, jit_compile=False)
+    return model
+
+
+def _pipelines(run: _Run, data: Any, plan: TrainPlan) -> tuple[Any, Any]:
+    from mirrorkit import data as pipelines
+
+    # One endless stream each; steps_per_epoch (from the global batch) and
+    # validation_steps end epochs, so every worker runs the same step counts.
+    # Per-epoch validation runs under the strategy on whole batches only (see
+    # plan._validation_plan); the final, reported score uses every example.
+    train_ds = pipelines.train_pipeline(
+        data.train, batch=plan.batch, seed=run.config.seed, map_fn=data.map_fn,
+        num_files=data.train_files).repeat()
+    val_ds = pipelines.train_pipeline(data.val, batch=plan.val_batch, shuffle=False,
+                                      map_fn=data.map_fn).repeat()
+    return train_ds, val_ds
+
+
+def _summary(run: _Run, data: Any, plan: TrainPlan, model: Any) -> list[str]:
+    config, runtime, batch = run.config, run.runtime, plan.batch
+    reason = f" ({runtime.reason})" if runtime.reason else ""
+    workers = f", {runtime.workers} workers" if runtime.is_multi_worker else ""
+    return [
+        f"dataset   {data.summary()}",
+        f"model     {config.model}: {model.count_params():,} parameters"
+        f"{', augmentation' if config.augment else ''}, {config.precision}, seed {config.seed}",
+        f"strategy  {runtime.strategy}, {runtime.replicas} replica"
+        f"{'s' if runtime.replicas != 1 else ''}{workers}{reason}",
+        f"batch     {batch.per_replica} per replica x {batch.replicas} = {batch.global_batch} "
+        f"global; {plan.steps} steps per epoch ({plan.steps_per_execution} per call), "
+        f"{config.epochs} epochs",
+        f"val       per epoch on {plan.val_steps * plan.val_batch.global_batch:,} of "
+        f"{data.val_examples:,} images (whole batches of {plan.val_batch.global_batch}); "
+        f"final score on all, one device",
+        f"lr        {lr_text(config, plan)}",
+        f"output    {run.out}{' (resuming from its backup)' if config.resume else ''}",
+    ]
+
+
+def _callbacks(run: _Run, plan: TrainPlan) -> tuple[list[Any], Any]:
+    import keras
+
+    from mirrorkit.training.callbacks import BackupAndRestore, TensorBoard
+    from mirrorkit.training.metering import NonFiniteLossGuard, ThroughputMeter
+
+    chief, out = run.runtime.is_chief, run.out
+    meter = ThroughputMeter(plan.batch.global_batch, plan.batch.replicas, report=run.tell)
+    # Order matters at epoch end: the progress bar prints first, the meter then
+    # adds throughput to the logs the CSV and TensorBoard writers record.
+    own: list[Any] = [NonFiniteLossGuard()]
+    if chief:
+        own.append(keras.callbacks.ProgbarLogger())
+    own.append(meter)
+    if chief:
+        own.append(keras.callbacks.CSVLogger(str(out / "history.csv"), append=run.config.resume))
+    if _tensorboard_installed():
+        own.append(TensorBoard(log_dir=str(out / "logs")))
+    else:
+        run.tell("logs      no TensorBoard logs: the tensorboard package is not installed "
+                 "(pip install tensorboard)")
+    own.append(BackupAndRestore(backup_dir=str(out / "backup")))
+    return own, meter
+
+
+def _fit(run: _Run, model: Any, plan: TrainPlan, train_ds: Any, val_ds: Any,
+         extra: Sequence[Any]) -> tuple[Any, Any]:
+    from mirrorkit.training.metering import NonFiniteLossError
+
+    if run.runtime.is_chief:
+        make_output(run.out)
+    own, meter = _callbacks(run, plan)
+    out, config = run.out, run.config
+    try:
+        # shuffle=False: the pipeline already shuffles (Keras would only warn).
+        history = model.fit(train_ds, epochs=config.epochs, steps_per_epoch=plan.steps,
+                            validation_data=val_ds, validation_steps=plan.val_steps,
+                            callbacks=own + list(extra),
+                            verbose=1 if run.runtime.is_chief else 0, shuffle=False)
+    except NonFiniteLossError as err:
+        kept = (f"the backup of epoch {err.last_good_epoch} in {out / 'backup'} is kept; "
+                f"continue with --resume after fixing the cause"
+                if err.last_good_epoch or has_backup(out / "backup")
+                else "no epoch had finished, so there is no backup")
+        raise RuntimeError(
+            f"Training stopped: {err}; {kept}. Lower the learning rate (--lr {config.base_lr:g} "
+            f"was scaled to {plan.lr:g}) or check the data for NaN/inf values.") from err
+    except KeyboardInterrupt:
+        # Leading newline: Keras's progress bar leaves the cursor mid-line.
+        run.tell(f"\ninterrupted: the last epoch backup is in {out / 'backup'}; continue with "
+                 f"--resume --output {out}")
+        raise
+    return history, meter
+
+
+def _evaluate_all(model: Any, data: Any, batch_size: int) -> dict[str, float]:
+    """Loss and accuracy on every validation example, on this process's first device.
+
+    A copy of the model outside the strategy sees all examples in plain
+    batches, exactly as ``keras.models.load_model("model.keras").evaluate``
+    will: no replica gets an empty slice and nothing is dropped. Every worker
+    computes the same numbers without collectives.
+    """
+    import keras
+    import tensorflow as tf
+
+    copy = keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    copy.compile(loss="sparse_categorical_crossentropy", metrics=["accuracy"], jit_compile=False)
+    # A known size (TFRecord/TFDS sources have none) keeps Keras from warning
+    # "Your input ran out of data" at the natural end of the data.
+    ds = data.examples("val").apply(tf.data.experimental.assert_cardinality(data.val_examples))
+    ds = ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    return copy.evaluate(ds, return_dict=True, verbose=0)
+
+
+def _metrics(run: _Run, data: Any, plan: TrainPlan, model: Any, history: Any, meter: Any,
+             scores: dict[str, float], started: float) -> dict[str, Any]:
+    config, runtime, batch = run.config, run.runtime, plan.batch
+    ips = meter.images_per_second
+    return {
+        "val_accuracy": float(scores["accuracy"]),
+        "val_loss": float(scores["loss"]),
+        "epochs": config.epochs,
+        "epochs_run": len(history.epoch),
+        "initial_epoch": history.epoch[0] if history.epoch else config.epochs,
+        "dataset": data.name,
+        "train_examples": data.train_examples,
+        "val_examples": data.val_examples,
+        "image_shape": list(data.image_shape),
+        "num_classes": data.num_classes,
+        "class_names": list(data.class_names),
+        "model": config.model,
+        "params": int(model.count_params()),
+        "augment": config.augment,
+        "precision": config.precision,
+        "strategy": runtime.strategy,
+        "strategy_reason": runtime.reason,
+        "replicas": runtime.replicas,
+        "workers": runtime.workers,
+        "per_replica_batch": batch.per_replica,
+        "global_batch": batch.global_batch,
+        "steps_per_epoch": plan.steps,
+        "steps_per_execution": plan.steps_per_execution,
+        "optimizer": config.optimizer,
+        "base_learning_rate": config.base_lr,
+        "base_batch": BASE_BATCH,
+        "lr_scaling": config.lr_scaling,
+        "learning_rate": plan.lr,
+        "warmup_epochs": config.warmup_epochs,
+        "seed": config.seed,
+        "images_per_second": ips,
+        "images_per_second_per_replica": ips / batch.replicas if ips else None,
+        "images_per_second_by_epoch": meter.rates,
+        "wall_time_seconds": round(time.monotonic() - started, 3),
+    }
+
+
+def _write_results(run: _Run, model: Any, metrics: dict[str, Any], plan: TrainPlan) -> None:
+    from mirrorkit.training.callbacks import save_model
+
+    out = run.out
+    # Every worker saves (reading mirrored variables can run collectives); only
+    # the chief's copy lands in the output directory.
+    save_model(model, out / "model.keras")
+    if run.runtime.is_chief:
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    written = ", ".join(n + ("/" if (out / n).is_dir() else "") for n in RUN_FILES
+                        if (out / n).exists())
+    run.tell(f"val_accuracy={metrics['val_accuracy']:.4f} val_loss={metrics['val_loss']:.4f} "
+             f"after {run.config.epochs} epochs in {metrics['wall_time_seconds']:.1f}s; "
+             f"wrote {out}/ ({written})")
+    if plan.warmup_steps:
+        # The saved optimizer holds a WarmupSchedule, which Keras can only
+        # deserialize once mirrorkit has registered it.
+        run.tell("note: import mirrorkit.schedules before keras.models.load_model of this "
+                 "model.keras (its optimizer uses mirrorkit's WarmupSchedule)")
+
+
+def _tensorboard_installed() -> bool:
+    # tf.summary's writers live in the tensorboard package, which TensorFlow
+    # does not require; without it the TensorBoard callback fails mid-epoch.
+    return importlib.util.find_spec("tensorboard") is not None
+
+
+@contextlib.contextmanager
+def _dtype_policy(name: str) -> Iterator[None]:
+    import keras
+
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(name)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+def _optimizer(name: str, learning_rate: Any) -> Any:
+    import keras
+
+    if name == "adam":
+        return keras.optimizers.Adam(learning_rate)
+    return keras.optimizers.SGD(learning_rate, momentum=0.9 if name == "momentum" else 0.0)

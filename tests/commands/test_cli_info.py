@@ -1,0 +1,89 @@
+"""`mirrorkit --help`, `mirrorkit info`, and the no-TensorFlow-at-import promise."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from click.testing import CliRunner
+from conftest import clean_env
+
+from mirrorkit.cli import cli
+
+
+def test_import_does_not_load_tensorflow():
+    code = "import sys, mirrorkit, mirrorkit.cli; print('tensorflow' in sys.modules, 'keras' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=clean_env(), check=True).stdout.strip()
+    assert out == "False False"
+
+
+def test_help_lists_commands_and_does_not_load_tensorflow():
+    code = ("import sys\nfrom mirrorkit.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print('TF_LOADED' if 'tensorflow' in sys.modules else 'TF_FREE')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=clean_env(), check=True).stdout
+    assert "info" in out and "TF_FREE" in out
+
+
+def test_every_command_help_is_tensorflow_free():
+    code = ("import sys\nfrom mirrorkit.cli import cli, main\n"
+            "names = cli.list_commands(None)\n"
+            "for name in names:\n"
+            "    try:\n        main([name, '--help'])\n    except SystemExit:\n        pass\n"
+            "print('COMMANDS', ','.join(names), 'TF' if 'tensorflow' in sys.modules else 'NOTF')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=clean_env(), check=True).stdout
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("COMMANDS info") and last.endswith("NOTF")
+
+
+def test_info_json_has_required_keys():
+    proc = subprocess.run([sys.executable, "-m", "mirrorkit.cli", "info", "--json",
+                           "--simulate-cpus", "2"], capture_output=True, text=True,
+                          env=clean_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    for key in ("python", "tensorflow", "keras", "strategy", "replicas", "workers",
+                "task", "is_chief", "devices", "reason"):
+        assert key in data
+    assert (data["strategy"], data["replicas"], data["workers"]) == ("mirrored", 2, 1)
+    assert data["is_chief"] is True and len(data["devices"]) == 2
+    assert "on a CPU-only machine" in data["reason"]
+
+
+def test_info_describes_a_cluster_without_joining_it():
+    tf_config = json.dumps({"cluster": {"worker": ["localhost:1", "localhost:2", "localhost:3"]},
+                            "task": {"type": "worker", "index": 2}})
+    proc = subprocess.run([sys.executable, "-m", "mirrorkit.cli", "info", "--json"],
+                          capture_output=True, text=True, timeout=120,
+                          env=clean_env(TF_CONFIG=tf_config))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert (data["strategy"], data["workers"], data["task"]) == ("multi_worker", 3, "worker:2")
+    assert data["is_chief"] is False
+    assert data["reason"] == "TF_CONFIG names 3 workers, this is worker 2"
+
+
+def test_malformed_tf_config_is_one_line_not_a_traceback():
+    runner = CliRunner()
+    for bad, needle in [("{oops", "not valid JSON"),
+                        ('{"cluster": {"worker": ["a:1"]}}', "missing the field 'task'"),
+                        ('{"cluster": {"worker": ["a:70000"]}, "task": {"type": "worker", "index": 0}}',
+                         "port from 1 to 65535")]:
+        result = runner.invoke(cli, ["info"], env={"TF_CONFIG": bad})
+        assert result.exit_code != 0
+        assert "Traceback" not in result.output
+        lines = [ln for ln in result.output.splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("Error:") and needle in lines[0]
+
+
+def test_bad_simulate_cpus_env_is_one_line():
+    result = CliRunner().invoke(cli, ["info"], env={"MIRRORKIT_SIMULATE_CPUS": "zero"})
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.output.strip() == ("Error: MIRRORKIT_SIMULATE_CPUS must be a positive integer. "
+                                     "Received: MIRRORKIT_SIMULATE_CPUS='zero'")
+    result = CliRunner().invoke(cli, ["info"], env={"MIRRORKIT_STRATEGY": "tpu"})
+    assert result.exit_code == 1 and "Received: MIRRORKIT_STRATEGY='tpu'" in result.output
