@@ -13,6 +13,11 @@ from mirrorkit.commands._common import (
 )
 
 
+# How each compat status reads in the report.
+_FIX_STATES = {"not-applied": "needed; applied once a strategy with 2+ replicas exists",
+               "applied": "needed; applied", "not-needed": "not needed"}
+
+
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @simulate_cpus_option
@@ -39,10 +44,13 @@ def info(as_json: bool, simulate_cpus: int | None, strategy: str | None) -> None
         return
     width = max(len(k) for k in data)
     for key, value in data.items():
-        if key == "warnings":
+        if key in ("warnings", "compat_fixes"):
             continue
         if isinstance(value, list):
             value = ", ".join(str(v) for v in value) or "-"
         click.echo(f"{key:<{width}}  {value}")
+    for name, fix in data["compat_fixes"].items():
+        state = _FIX_STATES.get(fix["status"], fix["status"])
+        click.echo(f"{'fix ' + name:<{width}}  {state} ({fix['how']}: {fix['detail']})")
     for warning in data["warnings"]:
         click.echo(f"warning: {warning}")

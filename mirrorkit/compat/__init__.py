@@ -1,6 +1,6 @@
-"""Minimal fixes that make Keras 3 ``fit``/``evaluate``/``predict`` work under MWMS.
+"""Fixes for the upstream Keras 3 bugs that break training under ``tf.distribute``.
 
-With TensorFlow 2.21 and Keras 3.15, ``model.fit`` under
+With TensorFlow 2.19-2.21 and Keras 3.10-3.15, ``model.fit`` under
 ``tf.distribute.MultiWorkerMirroredStrategy`` fails before the first step
 (keras-team/keras#20585, tensorflow/tensorflow#72388), and
 ``steps_per_execution > 1`` fails under any strategy with 2+ replicas
@@ -41,12 +41,17 @@ adapter shards batches by replica, so each worker gets every example once,
 in order (``tests/compat/test_multi_worker.py`` checks this against a single-process
 predict).
 
-How a fix decides it is needed: it looks for the broken call in the source of
-the installed Keras function (e.g. ``distribute_strategy.reduce(`` inside
-``_maybe_symbolic_build``). That detects the broken code path exactly,
-without running a collective, and stops applying the fix the day upstream
-changes that code. When the source is unavailable (a frozen install) it falls
-back to the affected version range in :mod:`mirrorkit.compat.known_issues`.
+How a fix decides it is needed (:mod:`mirrorkit.compat.fix`): inside the
+Keras range mirrorkit's test matrix covers, from that version table; outside
+it, from a small behavioural probe on the strategy at hand
+(:mod:`mirrorkit.compat.probes`), once per process; with nothing to probe on,
+the fix is applied, since every patch behaves like the code it wraps when the
+bug is absent. Keras's source text is never consulted, so a harmless upstream
+refactor changes nothing. A fix whose target is gone is ``unavailable``: one
+warning naming the fix and the versions, and what depends on it turns off
+(``steps_per_execution`` falls back to 1 with 2+ replicas); creating a
+strategy never fails because of a fix. ``mirrorkit info`` shows each fix's
+status and how it was decided.
 
 Every fix is idempotent, is applied only when needed, and can be disabled:
 ``apply(disable=[...])``, or ``MIRRORKIT_COMPAT=off`` (all fixes) /
@@ -72,16 +77,19 @@ from mirrorkit.compat.failure_detection import (
     EXIT_MARGIN,
     configure_failure_detection,
 )
+from mirrorkit.compat.fix import Decision, Fix, FixUnavailable
 from mirrorkit.compat.registry import (
     APPLIED,
     DISABLED,
     FIXES,
     NOT_APPLIED,
     NOT_NEEDED,
-    Fix,
+    UNAVAILABLE,
     apply,
+    decisions,
     revert,
     status,
+    works,
 )
 
 __all__ = [
@@ -93,9 +101,14 @@ __all__ = [
     "FIXES",
     "NOT_APPLIED",
     "NOT_NEEDED",
+    "UNAVAILABLE",
+    "Decision",
     "Fix",
+    "FixUnavailable",
     "apply",
     "configure_failure_detection",
+    "decisions",
     "revert",
     "status",
+    "works",
 ]

@@ -26,6 +26,10 @@ class KnownIssue:
         fixed: first fixed version, or None while unfixed upstream.
         summary: what breaks, in one sentence.
         handling: what mirrorkit does about it.
+        tested: ``(oldest, newest)`` versions of :attr:`package` on which
+            mirrorkit's test matrix (tools/compat_matrix.py) reproduced the
+            problem, or None. Inside that range a fix trusts this table;
+            outside it, a fix probes or assumes it is needed.
     """
 
     ref: str
@@ -34,6 +38,19 @@ class KnownIssue:
     fixed: str | None
     summary: str
     handling: str
+    tested: tuple[str, str] | None = None
+
+    def tested_on(self, version: str | None) -> bool:
+        """True when ``version`` lies inside :attr:`tested`.
+
+        Example:
+            >>> KNOWN_ISSUES[0].tested_on("3.12.0"), KNOWN_ISSUES[0].tested_on("4.0")
+            (True, False)
+        """
+        if version is None or self.tested is None:
+            return False
+        low, high = (parse_version(v) for v in self.tested)
+        return low <= parse_version(version) <= high
 
     def affects(self, version: str | None) -> bool:
         """True when ``version`` of :attr:`package` has the problem."""
@@ -45,6 +62,9 @@ class KnownIssue:
         return self.fixed is None or v < parse_version(self.fixed)
 
 
+# The Keras versions of the test matrix (tools/compat-matrix/results.md).
+TESTED_KERAS = ("3.10.0", "3.15.1")
+
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     KnownIssue(
         "keras#20585", "keras", "3.0", None,
@@ -54,6 +74,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "replicas ('Inputs to operation AddN ... must have the same size and shape').",
         "compat fix 'symbolic-build' builds from the local batch; applied when "
         "mirrorkit creates a multi-replica strategy (mirrorkit.fix_multi_worker() otherwise).",
+        TESTED_KERAS,
     ),
     KnownIssue(
         "tensorflow#72388", "keras", "3.0", None,
@@ -61,6 +82,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "('Invalid reduction dimension 0 for input with 0 dimensions').",
         "compat fix 'scalar-logs' reduces scalars with axis=None; applied with the "
         "multi-worker strategy (mirrorkit.fix_multi_worker() otherwise).",
+        TESTED_KERAS,
     ),
     KnownIssue(
         "keras-chief-saving", "keras", "3.0", None,
@@ -81,6 +103,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "steps_per_execution > 1 in fit fails under MirroredStrategy with 2+ replicas.",
         "compat fix 'multi-step' runs the steps in a while loop without a cond around "
         "the step; applied with any multi-replica strategy mirrorkit creates.",
+        TESTED_KERAS,
     ),
     KnownIssue(
         "keras#20582", "keras", "3.0", None,

@@ -1,11 +1,15 @@
 """The registry of upstream fixes: each a named :class:`Fix`, applied where needed.
 
 A fix knows its upstream issue, the error it prevents, the Keras function it
-wraps and how to tell whether the installed Keras still has the bug. Every
-fix is idempotent, applied only when needed, and can be turned off by name
-(``apply(disable=[...])``, ``MIRRORKIT_COMPAT=off``,
-``MIRRORKIT_COMPAT_DISABLE=a,b``). The fixes themselves live in one module
-each: :mod:`~mirrorkit.compat.symbolic_build`,
+wraps and how to tell whether the installed Keras has the bug (a tested
+version table, else a behavioural probe, else applied in doubt: see
+:mod:`mirrorkit.compat.fix`). Every fix is idempotent, applied only when
+needed, and can be turned off by name (``apply(disable=[...])``,
+``MIRRORKIT_COMPAT=off``, ``MIRRORKIT_COMPAT_DISABLE=a,b``). A fix whose
+target is gone from Keras is reported ``unavailable`` with one warning, and
+the feature that depends on it turns itself off (:func:`works`); creating a
+strategy never fails because of a fix. The fixes themselves live in one
+module each: :mod:`~mirrorkit.compat.symbolic_build`,
 :mod:`~mirrorkit.compat.scalar_logs`, :mod:`~mirrorkit.compat.multistep`.
 
 Example:
@@ -15,117 +19,53 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import inspect
 import logging
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 from mirrorkit import _env
-from mirrorkit.compat import multistep, scalar_logs, symbolic_build
+from mirrorkit.compat import (
+    known_issues,
+    multistep,
+    probes,
+    scalar_logs,
+    symbolic_build,
+)
+from mirrorkit.compat.fix import Decision, Fix, FixUnavailable
 
 logger = logging.getLogger(__name__)
 
-
 _TRAINER = "keras.src.backend.tensorflow.trainer"
-
-
-@dataclasses.dataclass(frozen=True)
-class Fix:
-    """One upstream failure and the patch that works around it.
-
-    Attributes:
-        name: short name used by ``disable=`` and ``MIRRORKIT_COMPAT_DISABLE``.
-        ref: the upstream issue, as listed in :mod:`mirrorkit.compat.known_issues`.
-        summary: what breaks without the fix, in one sentence.
-        error: a fragment of the upstream error message (tests assert it).
-    """
-
-    name: str
-    ref: str
-    summary: str
-    error: str
-    _target: tuple[str, str, str | None]   # (module, attribute, class or None)
-    _broken_marker: str                    # source text of the broken call
-    _make: Callable[[Callable[..., Any]], Callable[..., Any]]
-
-    def _owner(self) -> Any:
-        import importlib
-
-        module, _attr, cls = self._target
-        owner = importlib.import_module(module)
-        return getattr(owner, cls) if cls else owner
-
-    def _original(self) -> Callable[..., Any]:
-        current = getattr(self._owner(), self._target[1])
-        return getattr(current, "__mirrorkit_original__", current)
-
-    def needed(self) -> bool:
-        """True when the installed Keras still has the broken code path.
-
-        Example:
-            >>> FIXES["scalar-logs"].needed()                # doctest: +SKIP
-            True
-        """
-        try:
-            source = inspect.getsource(self._original())
-        except (OSError, TypeError):
-            # No source (zipped or compiled install): trust the version range.
-            from mirrorkit.compat import known_issues as upstream
-
-            return any(i.ref == self.ref for i in upstream.affecting())
-        return self._broken_marker in _squash(source)
-
-    def is_applied(self) -> bool:
-        """True when the patch is in place in this process."""
-        current = getattr(self._owner(), self._target[1])
-        return getattr(current, "__mirrorkit_fix__", None) == self.name
-
-    def _apply(self) -> None:
-        if self.is_applied():
-            return
-        original = self._original()
-        patched = self._make(original)
-        functools.update_wrapper(patched, original)
-        patched.__mirrorkit_fix__ = self.name  # type: ignore[attr-defined]
-        patched.__mirrorkit_original__ = original  # type: ignore[attr-defined]
-        setattr(self._owner(), self._target[1], patched)
-
-    def _revert(self) -> None:
-        if self.is_applied():
-            setattr(self._owner(), self._target[1], self._original())
-
-
-def _squash(text: str) -> str:
-    # Compare code without whitespace so reformatting upstream does not matter.
-    return "".join(text.split())
-
 
 # Status values :func:`apply` and :func:`status` report for each fix.
 APPLIED = "applied"
 NOT_NEEDED = "not-needed"
 DISABLED = "disabled"
 NOT_APPLIED = "not-applied"
+UNAVAILABLE = "unavailable"
 
 FIXES: dict[str, Fix] = {fix.name: fix for fix in (
     Fix("symbolic-build", "keras#20585",
-        "fit/evaluate reduce a PerReplica data batch across workers to build the model, "
-        "which fails in multi-worker mode.",
+        "fit/evaluate reduce a PerReplica data batch to build the model, which fails across "
+        "workers and whenever the global batch does not divide by the replicas.",
         "Attempt to convert a value (PerReplica",
-        (_TRAINER, "_maybe_symbolic_build", "TensorFlowTrainer"),
-        "self.distribute_strategy.reduce(", symbolic_build.make),
+        (_TRAINER, "_maybe_symbolic_build", "TensorFlowTrainer"), symbolic_build.make,
+        probes.uneven_global_batch),
     Fix("scalar-logs", "tensorflow#72388",
         "the multi-worker branch of reduce_per_replica reduces scalar logs on axis 0.",
         "Invalid reduction dimension 0 for input with 0 dimensions",
-        (_TRAINER, "reduce_per_replica", None), 'strategy.reduce("MEAN",v,axis=0)',
-        scalar_logs.make),
+        (_TRAINER, "reduce_per_replica", None), scalar_logs.make),
     Fix("multi-step", "keras#19246",
         "steps_per_execution > 1 fails in fit/evaluate under a strategy with 2+ replicas "
         "(the step runs inside a tf.cond in a while loop).",
         "You must feed a value for placeholder tensor",
-        (_TRAINER, "_make_function", "TensorFlowTrainer"),
-        "one_step_on_data(next_optional_inputs.get_value())", multistep.make),
+        (_TRAINER, "_make_function", "TensorFlowTrainer"), multistep.make,
+        probes.several_steps_per_call),
 )}
+
+# Per process: each fix's decision (probes run once) and the fixes whose
+# unavailability was already reported.
+_DECISIONS: dict[str, Decision] = {}
+_UNAVAILABLE: dict[str, str] = {}
 
 
 def _check_names(names: Iterable[str], where: str) -> set[str]:
@@ -153,23 +93,64 @@ def _keras_is_tensorflow() -> bool:
     return keras.backend.backend() == "tensorflow"
 
 
-def apply(*, disable: Iterable[str] | None = None) -> dict[str, str]:
-    """Apply every needed fix for Keras 3 under MultiWorkerMirroredStrategy.
+def _versions() -> str:
+    return ", ".join(f"{p} {known_issues.installed_version(p)}" for p in ("tensorflow", "keras"))
+
+
+def _unavailable(fix: Fix, err: FixUnavailable) -> str:
+    if fix.name not in _UNAVAILABLE:
+        _UNAVAILABLE[fix.name] = err.why
+        logger.warning(
+            "mirrorkit: compat fix %r (%s) cannot apply with %s: %s. What depends on it is "
+            "turned off; please report this with `mirrorkit info --json`.",
+            fix.name, fix.ref, _versions(), err.why)
+    return UNAVAILABLE
+
+
+def _decision(fix: Fix, strategy: Any) -> Decision:
+    known = _DECISIONS.get(fix.name)
+    # An "assumed" answer may still be settled by a probe on a later strategy.
+    if known is None or (known.how == "assumed" and strategy is not None):
+        known = _DECISIONS[fix.name] = fix.decide(strategy)
+    return known
+
+
+def _apply_one(fix: Fix, strategy: Any) -> str:
+    try:
+        if fix.is_applied():
+            return APPLIED
+        fix._original()  # the target must exist before anything else is decided
+        if not _decision(fix, strategy).needed:
+            return NOT_NEEDED
+        fix.apply()
+        return APPLIED
+    except FixUnavailable as err:
+        return _unavailable(fix, err)
+    except Exception as err:  # noqa: BLE001 -- a fix must never break the caller
+        return _unavailable(fix, FixUnavailable(fix.name, f"{type(err).__name__}: {err}"))
+
+
+def apply(*, disable: Iterable[str] | None = None, strategy: Any = None) -> dict[str, str]:
+    """Apply every needed fix for Keras 3 under ``tf.distribute``.
 
     Safe to call many times and under any strategy: a patched function
     behaves exactly like the original unless batches are split across
     replicas (``symbolic-build``: 2+ replicas or multi-worker mode;
     ``scalar-logs``: a ``MultiWorkerMirroredStrategy`` in multi-worker mode;
-    ``multi-step``: ``steps_per_execution > 1`` with 2+ replicas).
+    ``multi-step``: ``steps_per_execution > 1`` with 2+ replicas). Never
+    raises because a fix cannot apply: that fix is ``unavailable``.
 
     Args:
         disable: fix names to leave out (``"all"`` for every fix). Defaults to
             ``MIRRORKIT_COMPAT=off`` (all) / ``MIRRORKIT_COMPAT_DISABLE``
             (comma-separated names), else none. A disabled fix that was
             applied earlier in this process is reverted.
+        strategy: the strategy about to train; lets a fix probe for its bug
+            when the installed Keras is outside the tested range. Defaults to
+            None (no probe).
 
     Returns:
-        Fix name -> ``"applied"``, ``"not-needed"`` or ``"disabled"``.
+        Fix name -> ``"applied"``, ``"not-needed"``, ``"disabled"`` or ``"unavailable"``.
 
     Raises:
         ValueError: for an unknown fix name.
@@ -177,7 +158,7 @@ def apply(*, disable: Iterable[str] | None = None) -> dict[str, str]:
     Example:
         >>> from mirrorkit import compat
         >>> compat.apply(disable=["scalar-logs"])            # doctest: +SKIP
-        {'symbolic-build': 'applied', 'scalar-logs': 'disabled'}
+        {'symbolic-build': 'applied', 'scalar-logs': 'disabled', 'multi-step': 'applied'}
     """
     skip = _disabled_from_env() if disable is None else _check_names(
         [disable] if isinstance(disable, str) else disable, "disable")
@@ -187,40 +168,83 @@ def apply(*, disable: Iterable[str] | None = None) -> dict[str, str]:
     result: dict[str, str] = {}
     for name, fix in FIXES.items():
         if name in skip:
-            fix._revert()
+            fix.revert()
             result[name] = DISABLED
-        elif fix.needed():
-            fix._apply()
-            result[name] = APPLIED
         else:
-            result[name] = NOT_NEEDED
+            result[name] = _apply_one(fix, strategy)
     logger.info("mirrorkit.compat: %s", ", ".join(f"{k}={v}" for k, v in result.items()))
     return result
 
 
 def status() -> dict[str, str]:
-    """Report each fix as ``"applied"``, ``"not-needed"`` or ``"not-applied"``.
+    """Report each fix as ``applied``, ``not-needed``, ``not-applied`` or ``unavailable``.
 
     Example:
         >>> from mirrorkit import compat
         >>> compat.status()                                  # doctest: +SKIP
-        {'symbolic-build': 'not-applied', 'scalar-logs': 'not-applied'}
+        {'symbolic-build': 'not-applied', 'scalar-logs': 'not-applied', 'multi-step': 'not-applied'}
     """
     out = {}
     for name, fix in FIXES.items():
+        try:
+            fix._original()
+        except FixUnavailable:
+            out[name] = UNAVAILABLE
+            continue
         if fix.is_applied():
             out[name] = APPLIED
         else:
-            out[name] = NOT_APPLIED if fix.needed() else NOT_NEEDED
+            out[name] = NOT_APPLIED if _decision(fix, None).needed else NOT_NEEDED
+    return out
+
+
+def works(name: str, replicas: int) -> bool:
+    """True when what fix ``name`` makes possible works here (for features that depend on it).
+
+    With one replica nothing is split and Keras's own code works; with more,
+    the fix must be applied or not needed.
+
+    Example:
+        >>> works("multi-step", replicas=1)
+        True
+    """
+    if replicas <= 1:
+        return True
+    return status()[name] in (APPLIED, NOT_NEEDED)
+
+
+def decisions() -> dict[str, dict[str, str]]:
+    """Each fix's status, how its need was decided, and why (for ``mirrorkit info``).
+
+    Example:
+        >>> from mirrorkit import compat
+        >>> compat.decisions()["multi-step"]["how"]          # doctest: +SKIP
+        'version table'
+    """
+    current = status()
+    out = {}
+    for name, fix in FIXES.items():
+        if current[name] == UNAVAILABLE:
+            out[name] = {"status": UNAVAILABLE, "ref": fix.ref, "how": "target missing",
+                         "detail": _UNAVAILABLE.get(name, "its target is not in this Keras")}
+            continue
+        decision = _decision(fix, None)
+        out[name] = {"status": current[name], "ref": fix.ref, "how": decision.how,
+                     "detail": decision.detail}
     return out
 
 
 def revert() -> None:
-    """Undo every applied fix (restores Keras's own functions; for tests).
+    """Undo every applied fix and forget decisions (restores Keras's own functions; for tests).
 
     Example:
         >>> from mirrorkit import compat
         >>> compat.revert()                                  # doctest: +SKIP
     """
     for fix in FIXES.values():
-        fix._revert()
+        try:
+            fix.revert()
+        except FixUnavailable:
+            pass
+    _DECISIONS.clear()
+    _UNAVAILABLE.clear()

@@ -45,7 +45,9 @@ def environment_report(*, strategy: str | None = None,
         A JSON-ready dict with the keys ``python``, ``tensorflow``, ``keras``,
         ``tensorflow-datasets``, ``mirrorkit``, ``strategy``, ``replicas``,
         ``workers``, ``task``, ``is_chief``, ``devices``,
-        ``physical_devices``, ``reason``, ``cluster_source``, ``warnings``,
+        ``physical_devices``, ``reason``, ``cluster_source``,
+        ``compat_fixes`` (each upstream fix: status, how its need was decided,
+        why), ``warnings``,
         and ``slurm`` (this task's place in the step) when the cluster
         comes from a Slurm step.
 
@@ -86,6 +88,14 @@ def environment_report(*, strategy: str | None = None,
         data["slurm"] = task.describe() if task is not None else None
     data["physical_devices"] = physical
     data["logical_devices"] = [d.name for d in tf.config.list_logical_devices()]
+    data["compat_fixes"] = _fixes()
     data["warnings"] = [f"{i.ref}: {i.summary} mirrorkit: {i.handling}"
                         for i in upstream.affecting()]
     return data
+
+
+def _fixes() -> dict[str, dict[str, str]]:
+    # Which upstream fixes apply to the installed Keras, and how each knows.
+    from mirrorkit import compat
+
+    return compat.decisions()

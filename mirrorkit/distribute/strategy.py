@@ -64,7 +64,7 @@ def _create(tf: Any, sel: Selection) -> Any:
             # replicas (keras#20585, symbolic-build); the fix is a no-op otherwise.
             from mirrorkit import compat
 
-            compat.apply()
+            compat.apply(strategy=strategy)
         return strategy
     return _create_multi_worker(tf)
 
@@ -100,7 +100,7 @@ def _create_multi_worker(tf: Any) -> Any:
         ) from err
     # Keras 3 fit/evaluate fail under MWMS without these (keras#20585);
     # MIRRORKIT_COMPAT=off leaves Keras untouched.
-    compat.apply()
+    compat.apply(strategy=strategy)
     return strategy
 
 

@@ -148,7 +148,7 @@ def run_script(config: RunConfig,
         # covers the script's own strategy under --strategy default.
         from mirrorkit import compat
 
-        compat.apply()
+        compat.apply(strategy=strategy)
         if on_start is not None:
             on_start(runtime, scale)
         with ScriptScope(strategy, runtime) as scope, _script_sys(path, config.args), \

@@ -12,10 +12,13 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 from mirrorkit.data import BatchSize, resolve_batch
 from mirrorkit.training.config import BASE_BATCH, DEFAULT_PER_REPLICA_BATCH, TrainConfig
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,20 +142,19 @@ def auto_steps_per_execution(steps: int, cap: int = 16) -> int:
     return max(d for d in range(1, min(cap, steps) + 1) if steps % d == 0)
 
 
-def _multi_step_works(replicas: int) -> bool:
-    if replicas <= 1:
-        return True
+def _steps_per_execution(config: TrainConfig, steps: int, replicas: int) -> int:
     from mirrorkit import compat
 
-    fix = compat.FIXES["multi-step"]
-    return fix.is_applied() or not fix.needed()
-
-
-def _steps_per_execution(config: TrainConfig, steps: int, replicas: int) -> int:
-    works = _multi_step_works(replicas)
+    works = compat.works("multi-step", replicas)
     if config.steps_per_execution is None:
         return auto_steps_per_execution(steps) if works else 1
     if config.steps_per_execution > 1 and not works:
+        if compat.status()["multi-step"] == compat.UNAVAILABLE:
+            # The fix cannot apply to this Keras: turn the feature off, don't crash.
+            logger.warning("steps_per_execution=%d needs mirrorkit's 'multi-step' compat fix "
+                           "(keras#19246) with %d replicas, which cannot apply to this Keras; "
+                           "using 1 step per call.", config.steps_per_execution, replicas)
+            return 1
         raise ValueError(
             "steps_per_execution > 1 fails in Keras 3 fit under a strategy with 2+ replicas "
             "(keras-team/keras#19246) and mirrorkit's 'multi-step' compat fix is disabled "

@@ -2,7 +2,7 @@
 
 The multi-worker test disables one fix at a time and asserts the upstream
 error still happens -- the day it stops happening, upstream has fixed the bug
-and the fix can go.
+and the fix can go. How a fix decides it is needed: test_detection.py.
 """
 
 from __future__ import annotations
@@ -34,13 +34,6 @@ def test_importing_compat_does_not_import_tensorflow():
     out = subprocess.run([sys.executable, "-c", code], env=clean_env(),
                          capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == ["False", "False", "True", "True"]
-
-
-def test_installed_keras_has_both_broken_code_paths():
-    # If this fails, upstream changed the code: check the 2-worker test below
-    # and the registry in mirrorkit/upstream.py.
-    assert {name: fix.needed() for name, fix in compat.FIXES.items()} == {
-        "symbolic-build": True, "scalar-logs": True, "multi-step": True}
 
 
 def test_apply_is_idempotent_and_revert_restores_keras(restore_keras):
@@ -83,31 +76,6 @@ def test_unknown_fix_names_are_rejected_with_the_valid_ones(restore_keras):
     with _env.patch({_env.COMPAT_DISABLE: "nope"}):
         with pytest.raises(ValueError, match="MIRRORKIT_COMPAT_DISABLE"):
             compat.apply()
-
-
-def test_patched_keras_is_unchanged_outside_multi_worker(restore_keras):
-    # Same losses with and without the patches under the default strategy and
-    # a one-device MirroredStrategy: the fixes only act when batches are split.
-    import keras
-    import numpy as np
-    import tensorflow as tf
-
-    x = np.random.RandomState(0).rand(64, 4).astype("float32")
-    y = np.random.RandomState(1).randint(0, 3, 64)
-
-    def losses(strategy):
-        keras.utils.set_random_seed(1)
-        with strategy.scope():
-            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
-            model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        hist = model.fit(x, y, batch_size=16, epochs=2, verbose=0, shuffle=False)
-        return hist.history["loss"] + [model.evaluate(x, y, verbose=0)]
-
-    strategies = [tf.distribute.get_strategy(), tf.distribute.MirroredStrategy(["/cpu:0"])]
-    plain = [losses(s) for s in strategies]
-    compat.apply(disable=[])
-    patched = [losses(s) for s in strategies]
-    assert plain == patched
 
 
 UNEVEN = """

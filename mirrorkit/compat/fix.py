@@ -1,0 +1,185 @@
+"""One upstream fix: its target, how it knows it is needed, and how it patches.
+
+A :class:`Fix` decides whether the installed Keras has its bug in one of
+three ways, recorded as :attr:`Decision.how`:
+
+``version table``
+    The installed Keras is inside the range on which mirrorkit's test matrix
+    showed the bug (:attr:`mirrorkit.compat.known_issues.KnownIssue.tested`):
+    the table's answer holds, with no work at run time.
+``probe``
+    Outside that range, a small run of the bug's own behaviour on the strategy
+    at hand (:mod:`mirrorkit.compat.probes`), once per process, tells.
+``assumed``
+    Outside the range and with nothing to probe on (one replica, or a bug that
+    only shows across workers): the fix is applied. Every patch behaves like
+    the code it wraps when the bug is absent, so applying it in doubt is safe;
+    leaving it out in doubt is what breaks training.
+
+The source text of Keras is never consulted: a harmless upstream refactor
+(a renamed local, a decorator around the method) changes nothing here. When
+the target itself is gone or cannot be patched, :meth:`Fix.apply` raises
+:class:`FixUnavailable`, which the registry turns into one warning and the
+``unavailable`` status.
+
+Example:
+    >>> from mirrorkit.compat import FIXES
+    >>> FIXES["multi-step"].decide(None, keras_version="3.15.1").how
+    'version table'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+from typing import Any, Callable
+
+from mirrorkit.compat import known_issues
+
+
+class FixUnavailable(RuntimeError):
+    """The fix's target cannot be found or patched in the installed Keras.
+
+    Example:
+        >>> str(FixUnavailable("multi-step", "no attribute '_make_function'"))
+        "multi-step: no attribute '_make_function'"
+    """
+
+    def __init__(self, name: str, why: str) -> None:
+        super().__init__(f"{name}: {why}")
+        self.name, self.why = name, why
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """Whether a fix is needed, and how that was decided.
+
+    Attributes:
+        needed: True when the installed Keras has the bug (or may have it).
+        how: ``"version table"``, ``"probe"`` or ``"assumed"``.
+        detail: one phrase for ``mirrorkit info`` (the version, the probe's finding).
+
+    Example:
+        >>> Decision(True, "assumed", "keras 9.0 is untested").needed
+        True
+    """
+
+    needed: bool
+    how: str
+    detail: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Fix:
+    """One upstream failure and the patch that works around it.
+
+    Attributes:
+        name: short name used by ``disable=`` and ``MIRRORKIT_COMPAT_DISABLE``.
+        ref: the upstream issue, as listed in :mod:`mirrorkit.compat.known_issues`.
+        summary: what breaks without the fix, in one sentence.
+        error: a fragment of the upstream error message (tests assert it).
+        target: ``(module, attribute, class or None)`` of the patched function.
+        make: builds the patched function from the original.
+        probe: ``probe(strategy)`` -> True when the bug shows, False when it
+            does not, None when it cannot tell on that strategy.
+    """
+
+    name: str
+    ref: str
+    summary: str
+    error: str
+    target: tuple[str, str, str | None]
+    make: Callable[[Callable[..., Any]], Callable[..., Any]]
+    probe: Callable[[Any], bool | None] | None = None
+
+    def _owner(self) -> Any:
+        module, attr, cls = self.target
+        try:
+            owner = importlib.import_module(module)
+            owner = getattr(owner, cls) if cls else owner
+            getattr(owner, attr)
+        except (ImportError, AttributeError) as err:
+            where = f"{module}.{cls + '.' if cls else ''}{attr}"
+            raise FixUnavailable(self.name, f"{where} is not in this Keras ({err})") from err
+        return owner
+
+    def _original(self) -> Callable[..., Any]:
+        current = getattr(self._owner(), self.target[1])
+        return getattr(current, "__mirrorkit_original__", current)
+
+    def issue(self) -> known_issues.KnownIssue:
+        """The known-issue entry of this fix (its tested version range).
+
+        Example:
+            >>> from mirrorkit.compat import FIXES
+            >>> FIXES["scalar-logs"].issue().ref
+            'tensorflow#72388'
+        """
+        return next(i for i in known_issues.KNOWN_ISSUES if i.ref == self.ref)
+
+    def decide(self, strategy: Any = None, *, keras_version: str | None = None) -> Decision:
+        """Decide whether this fix is needed (see the module docstring).
+
+        Args:
+            strategy: the strategy a probe may run on; None: no probe.
+            keras_version: the Keras version to judge. Defaults to the installed one.
+
+        Example:
+            >>> from mirrorkit.compat import FIXES
+            >>> FIXES["scalar-logs"].decide(None, keras_version="9.0").how
+            'assumed'
+        """
+        issue = self.issue()
+        version = keras_version or known_issues.installed_version(issue.package) or "0"
+        if issue.tested_on(version):
+            affected = issue.affects(version)
+            return Decision(affected, "version table",
+                            f"{issue.package} {version} {'has' if affected else 'is free of'} "
+                            f"{issue.ref} (tested {issue.tested[0]}-{issue.tested[1]})")
+        found = None
+        if self.probe is not None and strategy is not None:
+            try:
+                found = self.probe(strategy)
+            except Exception:  # noqa: BLE001 -- a probe that breaks decides nothing
+                found = None
+        if found is not None:
+            return Decision(found, "probe", f"{issue.package} {version} is untested; a probe "
+                            f"{'reproduced' if found else 'did not reproduce'} {issue.ref}")
+        return Decision(True, "assumed", f"{issue.package} {version} is untested and there is "
+                        "nothing to probe on here; applied (harmless without the bug)")
+
+    def is_applied(self) -> bool:
+        """True when the patch is in place in this process (False if the target is gone)."""
+        try:
+            current = getattr(self._owner(), self.target[1])
+        except FixUnavailable:
+            return False
+        return getattr(current, "__mirrorkit_fix__", None) == self.name
+
+    def apply(self) -> None:
+        """Patch the target (idempotent).
+
+        Raises:
+            FixUnavailable: the target is missing or the patch cannot be built.
+        """
+        if self.is_applied():
+            return
+        original = self._original()
+        try:
+            patched = self.make(original)
+            functools.update_wrapper(patched, original)
+            patched.__mirrorkit_fix__ = self.name  # type: ignore[attr-defined]
+            patched.__mirrorkit_original__ = original  # type: ignore[attr-defined]
+            setattr(self._owner(), self.target[1], patched)
+        except FixUnavailable:
+            raise
+        except Exception as err:  # noqa: BLE001 -- any failure to patch turns the fix off
+            raise FixUnavailable(self.name, f"cannot patch it ({type(err).__name__}: {err})") \
+                from err
+
+    def revert(self) -> None:
+        """Put Keras's own function back (a no-op when not applied or gone)."""
+        if self.is_applied():
+            setattr(self._owner(), self.target[1], self._original())
+
