@@ -24,14 +24,7 @@ Example:
 """
 
 from mirrorkit.bench.child import step_timer, summarise_steps
-from mirrorkit.bench.config import (
-    FIELDS,
-    BenchConfig,
-    BenchReport,
-    BenchRow,
-    Case,
-    parse_counts,
-)
+from mirrorkit.bench.config import FIELDS, BenchConfig, BenchReport, BenchRow, Case, parse_counts
 from mirrorkit.bench.output import plot_report, write_report
 from mirrorkit.bench.runs import child_command, machine_info, parse_result, run_bench
 

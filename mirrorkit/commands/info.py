@@ -12,7 +12,6 @@ from mirrorkit.commands._common import (
     user_errors,
 )
 
-
 # How each compat status reads in the report.
 _FIX_STATES = {"not-applied": "needed; applied once a strategy with 2+ replicas exists",
                "applied": "needed; applied", "not-needed": "not needed"}

@@ -54,6 +54,23 @@ def _fit(strategy: Any, examples: int, batch: int, steps_per_execution: int,
     return False
 
 
+# What each probe fits (examples, batch, steps per call as multiples of the
+# replicas) and the upstream errors that mean "the bug is there".
+_CASES = {
+    "uneven": ((1, 1), (1, 1), 1, ("must have the same size and shape",
+                                   "Attempt to convert a value (PerReplica")),
+    "multi-step": ((4, 0), (2, 0), 2, ("You must feed a value for placeholder tensor",)),
+}
+
+
+def _probe(case: str, strategy: Any) -> bool | None:
+    replicas = _local_replicas(strategy)
+    if replicas < 2:
+        return None
+    (ex_a, ex_b), (b_a, b_b), spe, markers = _CASES[case]
+    return _fit(strategy, ex_a * replicas + ex_b, b_a * replicas + b_b, spe, markers)
+
+
 def uneven_global_batch(strategy: Any) -> bool | None:
     """``symbolic-build`` (keras#20585): does a global batch of replicas + 1 fail to fit?
 
@@ -61,11 +78,7 @@ def uneven_global_batch(strategy: Any) -> bool | None:
         >>> uneven_global_batch(None) is None
         True
     """
-    replicas = _local_replicas(strategy)
-    if replicas < 2:
-        return None
-    return _fit(strategy, replicas + 1, replicas + 1, 1,
-                ("must have the same size and shape", "Attempt to convert a value (PerReplica"))
+    return _probe("uneven", strategy)
 
 
 def several_steps_per_call(strategy: Any) -> bool | None:
@@ -75,8 +88,4 @@ def several_steps_per_call(strategy: Any) -> bool | None:
         >>> several_steps_per_call(None) is None
         True
     """
-    replicas = _local_replicas(strategy)
-    if replicas < 2:
-        return None
-    return _fit(strategy, 4 * replicas, 2 * replicas, 2,
-                ("You must feed a value for placeholder tensor",))
+    return _probe("multi-step", strategy)

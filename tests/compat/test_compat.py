@@ -87,16 +87,19 @@ strategy = mirrorkit.get_strategy(simulate_cpus=3)    # applies the fixes
 x = np.random.RandomState(0).rand(96, 8).astype("float32")
 y = np.random.RandomState(1).randint(0, 10, 96)
 
-def fit_losses():
+def fit(batch_size=32):
     keras.utils.set_random_seed(0)
     with strategy.scope():
         model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(10)])
         model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    # 32 over 3 replicas is split 11/11/10.
-    return model.fit(x, y, batch_size=32, epochs=2, verbose=0, shuffle=False).history["loss"]
+    # 32 over 3 replicas is split 11/11/10; 48 evenly, 16 each.
+    hist = model.fit(x, y, batch_size=batch_size, epochs=2, verbose=0, shuffle=False)
+    return hist.history["loss"], [w.tolist() for w in model.get_weights()]
 
-out = {"applied": compat.status()["symbolic-build"], "losses": fit_losses(),
-       "upstream": without_fix("symbolic-build", fit_losses)}
+out = {"applied": compat.status()["symbolic-build"], "losses": fit()[0], "even": fit(48)}
+out["upstream"] = without_fix("symbolic-build", fit)
+# Where upstream works (an even split), the patched build changes nothing.
+out["even_upstream"] = fit(48)
 print("RESULT " + json.dumps(out))
 """
 
@@ -110,6 +113,10 @@ def test_uneven_split_over_local_replicas_needs_the_symbolic_build_fix(tmp_path)
     assert result["applied"] == "applied"
     assert all(np.isfinite(v) for v in result["losses"]) and len(result["losses"]) == 2
     assert "must have the same size and shape" in result["upstream"]
+    # 3 replicas run the patched code path; on an even split it must equal upstream's.
+    (loss, weights), (plain_loss, plain_weights) = result["even"], result["even_upstream"]
+    assert loss == pytest.approx(plain_loss, rel=1e-6)
+    assert all(np.allclose(a, b, atol=1e-7) for a, b in zip(weights, plain_weights))
 
 
 MULTI_STEP = """
