@@ -83,6 +83,9 @@ class Fix:
         make: builds the patched function from the original.
         probe: ``probe(strategy)`` -> True when the bug shows, False when it
             does not, None when it cannot tell on that strategy.
+        also: further spots patched under the same name, each ``(module,
+            attribute, class or None, make)``; one that this Keras lacks is
+            skipped (the main ``target`` must exist).
     """
 
     name: str
@@ -92,9 +95,20 @@ class Fix:
     target: tuple[str, str, str | None]
     make: Callable[[Callable[..., Any]], Callable[..., Any]]
     probe: Callable[[Any], bool | None] | None = None
+    also: tuple[tuple[str, str, str | None, Callable[..., Any]], ...] = ()
 
-    def _owner(self) -> Any:
-        module, attr, cls = self.target
+    def _targets(self) -> list[tuple[tuple[str, str, str | None], Callable[..., Any]]]:
+        found = [(self.target, self.make)]
+        for module, attr, cls, make in self.also:
+            try:
+                self._owner((module, attr, cls))
+            except FixUnavailable:
+                continue  # another Keras version's spot: nothing to patch there
+            found.append(((module, attr, cls), make))
+        return found
+
+    def _owner(self, target: tuple[str, str, str | None] | None = None) -> Any:
+        module, attr, cls = target or self.target
         try:
             owner = importlib.import_module(module)
             owner = getattr(owner, cls) if cls else owner
@@ -104,8 +118,13 @@ class Fix:
             raise FixUnavailable(self.name, f"{where} is not in this Keras ({err})") from err
         return owner
 
-    def _original(self) -> Callable[..., Any]:
-        current = getattr(self._owner(), self.target[1])
+    def _original(self, target: tuple[str, str, str | None] | None = None) -> Any:
+        target = target or self.target
+        # Class attributes are read from the class __dict__ so a property
+        # (Variable.handle) is the property object itself.
+        owner = self._owner(target)
+        current = vars(owner).get(target[1], getattr(owner, target[1])) \
+            if isinstance(owner, type) else getattr(owner, target[1])
         return getattr(current, "__mirrorkit_original__", current)
 
     def issue(self) -> known_issues.KnownIssue:
@@ -149,10 +168,15 @@ class Fix:
         return Decision(True, "assumed", f"{issue.package} {version} is untested and there is "
                         "nothing to probe on here; applied (harmless without the bug)")
 
+    def _current(self, target: tuple[str, str, str | None]) -> Any:
+        owner = self._owner(target)
+        return vars(owner).get(target[1]) if isinstance(owner, type) \
+            else getattr(owner, target[1])
+
     def is_applied(self) -> bool:
         """True when the patch is in place in this process (False if the target is gone)."""
         try:
-            current = getattr(self._owner(), self.target[1])
+            current = self._current(self.target)
         except FixUnavailable:
             return False
         return getattr(current, "__mirrorkit_fix__", None) == self.name
@@ -165,21 +189,35 @@ class Fix:
         """
         if self.is_applied():
             return
-        original = self._original()
+        self._original()  # the main target must exist
         try:
-            patched = self.make(original)
-            functools.update_wrapper(patched, original)
-            patched.__mirrorkit_fix__ = self.name  # type: ignore[attr-defined]
-            patched.__mirrorkit_original__ = original  # type: ignore[attr-defined]
-            setattr(self._owner(), self.target[1], patched)
+            for target, make in self._targets():
+                original = self._original(target)
+                patched = make(original)
+                if callable(patched) and not isinstance(patched, property):
+                    functools.update_wrapper(patched, original)
+                patched.__mirrorkit_fix__ = self.name  # type: ignore[attr-defined]
+                patched.__mirrorkit_original__ = original  # type: ignore[attr-defined]
+                setattr(self._owner(target), target[1], patched)
         except FixUnavailable:
+            self.revert()
             raise
         except Exception as err:  # noqa: BLE001 -- any failure to patch turns the fix off
+            self.revert()
             raise FixUnavailable(self.name, f"cannot patch it ({type(err).__name__}: {err})") \
                 from err
 
     def revert(self) -> None:
-        """Put Keras's own function back (a no-op when not applied or gone)."""
-        if self.is_applied():
-            setattr(self._owner(), self.target[1], self._original())
+        """Put Keras's own functions back (a no-op where not applied or gone)."""
+        for target, _make in self._targets() if self._has_target() else ():
+            current = self._current(target)
+            if getattr(current, "__mirrorkit_fix__", None) == self.name:
+                setattr(self._owner(target), target[1], current.__mirrorkit_original__)
+
+    def _has_target(self) -> bool:
+        try:
+            self._owner()
+        except FixUnavailable:
+            return False
+        return True
 

@@ -106,6 +106,30 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         TESTED_KERAS,
     ),
     KnownIssue(
+        "keras#19308", "keras", "3.0", None,
+        "custom training loops under MirroredStrategy with 2+ replicas fail at the first "
+        "step when optimizer or layer variables are created inside the traced "
+        "strategy.run ('You must feed a value for placeholder tensor ...cond...').",
+        "compat fix 'step-variables' creates such variables outside the trace.",
+        TESTED_KERAS,
+    ),
+    KnownIssue(
+        "keras-no-call-build", "keras", "3.0", None,
+        "fit under any tf.distribute strategy fails on a model without call() that "
+        "overrides train_step (keras.io GAN): 'Unable to automatically build the model'.",
+        "compat fix 'no-call-build' leaves building to train_step, as without a strategy.",
+        TESTED_KERAS,
+    ),
+    KnownIssue(
+        "mirrorkit-cross-replica-step", "keras", "3.0", None,
+        "a GradientTape step outside strategy.run on mirrored variables fails "
+        "('DistributedVariable.handle is not available outside the replica context') "
+        "and Keras losses are divided by the replica count there.",
+        "compat fix 'cross-replica-step' runs such a step on one replica's terms and "
+        "updates every copy (mirrorkit run's script scope makes every loop such a step).",
+        TESTED_KERAS,
+    ),
+    KnownIssue(
         "keras#20582", "keras", "3.0", None,
         "optimizer gradient_accumulation_steps fails under any tf.distribute strategy.",
         "mirrorkit rejects it under a strategy with this reason.",

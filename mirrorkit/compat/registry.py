@@ -10,11 +10,13 @@ target is gone from Keras is reported ``unavailable`` with one warning, and
 the feature that depends on it turns itself off (:func:`works`); creating a
 strategy never fails because of a fix. The fixes themselves live in one
 module each: :mod:`~mirrorkit.compat.symbolic_build`,
-:mod:`~mirrorkit.compat.scalar_logs`, :mod:`~mirrorkit.compat.multistep`.
+:mod:`~mirrorkit.compat.scalar_logs`, :mod:`~mirrorkit.compat.multistep`,
+:mod:`~mirrorkit.compat.step_variables`, :mod:`~mirrorkit.compat.no_call_build`,
+:mod:`~mirrorkit.compat.cross_replica_step`.
 
 Example:
-    >>> sorted(FIXES)
-    ['multi-step', 'scalar-logs', 'symbolic-build']
+    >>> sorted(FIXES)[:3]
+    ['cross-replica-step', 'multi-step', 'no-call-build']
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ from typing import Any, Iterable
 
 from mirrorkit import _env
 from mirrorkit.compat import (
+    cross_replica_step,
     known_issues,
     multistep,
+    no_call_build,
     probes,
     scalar_logs,
+    step_variables,
     symbolic_build,
 )
 from mirrorkit.compat.fix import Decision, Fix, FixUnavailable
@@ -35,6 +40,7 @@ from mirrorkit.compat.fix import Decision, Fix, FixUnavailable
 logger = logging.getLogger(__name__)
 
 _TRAINER = "keras.src.backend.tensorflow.trainer"
+_CORE = "keras.src.backend.tensorflow.core"
 
 # Status values :func:`apply` and :func:`status` report for each fix.
 APPLIED = "applied"
@@ -60,6 +66,29 @@ FIXES: dict[str, Fix] = {fix.name: fix for fix in (
         "You must feed a value for placeholder tensor",
         (_TRAINER, "_make_function", "TensorFlowTrainer"), multistep.make,
         probes.several_steps_per_call),
+    Fix("step-variables", "keras#19308",
+        "a Keras variable first created inside a tf.function under 2+ replicas (optimizer "
+        "slots or layer weights in custom training loops) makes the step run in a tf.cond.",
+        "You must feed a value for placeholder tensor",
+        (_CORE, "_initialize_with_initializer", "Variable"), step_variables.make),
+    Fix("no-call-build", "keras-no-call-build",
+        "fit on a model without call() (a GAN overriding train_step) under any strategy "
+        "fails building the model symbolically.",
+        "does not have a `call()` method implemented",
+        ("keras.src.trainers.trainer", "_symbolic_build", "Trainer"), no_call_build.make),
+    Fix("cross-replica-step", "mirrorkit-cross-replica-step",
+        "a hand-written GradientTape step outside strategy.run on mirrored Keras variables "
+        "(no strategy in the script, mirrorkit's script scope) fails.",
+        "DistributedVariable.handle is not available outside the replica context",
+        (_CORE, "handle", "Variable"), cross_replica_step.make_handle,
+        also=(("keras.src.losses.loss", "scale_loss_for_distribution", None,
+               cross_replica_step.make_loss_scale),
+              ("keras.src.losses.loss", "unscale_loss_for_distribution", None,
+               cross_replica_step.make_loss_scale),
+              ("tensorflow._api.v2.__internal__.distribute.interim", "maybe_merge_call", None,
+               cross_replica_step.make_maybe_merge_call),
+              ("keras.src.optimizers.loss_scale_optimizer", "_tf_apply", "LossScaleOptimizer",
+               cross_replica_step.make_lso_apply))),
 )}
 
 # Per process: each fix's decision (probes run once) and the fixes whose

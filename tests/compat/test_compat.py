@@ -57,21 +57,22 @@ def test_apply_is_idempotent_and_revert_restores_keras(restore_keras):
 
 def test_disable_by_argument_and_by_environment(restore_keras):
     assert compat.apply(disable=["scalar-logs"]) == {
-        "symbolic-build": "applied", "scalar-logs": "disabled", "multi-step": "applied"}
+        **dict.fromkeys(compat.FIXES, "applied"), "scalar-logs": "disabled"}
     # Disabling later reverts a fix applied earlier in the process.
     assert compat.apply(disable="all") == dict.fromkeys(compat.FIXES, "disabled")
     assert compat.status()["symbolic-build"] == "not-applied"
     with _env.patch({_env.COMPAT: "off", _env.COMPAT_DISABLE: None}):
         assert set(compat.apply().values()) == {"disabled"}
     with _env.patch({_env.COMPAT: None, _env.COMPAT_DISABLE: "symbolic-build"}):
-        assert compat.apply() == {"symbolic-build": "disabled", "scalar-logs": "applied",
-                                  "multi-step": "applied"}
+        assert compat.apply() == {**dict.fromkeys(compat.FIXES, "applied"),
+                                  "symbolic-build": "disabled"}
     with _env.patch({_env.COMPAT: None, _env.COMPAT_DISABLE: None}):
         assert compat.apply() == dict.fromkeys(compat.FIXES, "applied")
 
 
 def test_unknown_fix_names_are_rejected_with_the_valid_ones(restore_keras):
-    with pytest.raises(ValueError, match="accepted: all, symbolic-build, scalar-logs, multi-step"):
+    with pytest.raises(ValueError, match="accepted: all, symbolic-build, scalar-logs, multi-step, "
+                                         "step-variables, no-call-build, cross-replica-step"):
         compat.apply(disable=["scalar_logs"])
     with _env.patch({_env.COMPAT_DISABLE: "nope"}):
         with pytest.raises(ValueError, match="MIRRORKIT_COMPAT_DISABLE"):
@@ -256,8 +257,8 @@ def test_each_fix_is_needed_and_sufficient_on_two_workers(tmp_path):
     assert outs[0]["evaluate"] == outs[1]["evaluate"], report
     for out in outs:
         assert set(out["status_off"].values()) == {"disabled"}
-        assert out["status_scalar_only"] == {"symbolic-build": "disabled", "scalar-logs": "applied",
-                                             "multi-step": "applied"}
+        assert out["status_scalar_only"] == {**dict.fromkeys(compat.FIXES, "applied"),
+                                             "symbolic-build": "disabled"}
         build, scalar = compat.FIXES["symbolic-build"], compat.FIXES["scalar-logs"]
         # keras#20585: the symbolic build reduces a PerReplica data batch.
         assert build.error in out["no_fixes"], out
