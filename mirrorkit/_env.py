@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 # Names of the variables mirrorkit reads or writes, in one place.
 TF_CONFIG = "TF_CONFIG"
@@ -225,6 +225,49 @@ def export(values: Mapping[str, str]) -> None:
     """
     for key, value in values.items():
         os.environ[key] = value
+
+
+def hide_from_children(name: str) -> bool:
+    """Keep ``name`` in ``os.environ`` but out of the processes this one starts.
+
+    Only the C environment, which ``subprocess``, ``os.system`` and
+    ``multiprocessing`` spawn inherit, loses it (``os.unsetenv``); code of
+    this process that reads ``os.environ`` still sees it.
+
+    Returns:
+        True when it was set and is now hidden.
+
+    Example:
+        >>> with patch({"MIRRORKIT_EXAMPLE": None}):
+        ...     hide_from_children("MIRRORKIT_EXAMPLE")
+        False
+    """
+    if os.environ.get(name) is None or not hasattr(os, "unsetenv"):
+        return False
+    os.unsetenv(name)
+    return True
+
+
+def replace_path_list(name: str, keep: Callable[[str], bool]) -> bool:
+    """Drop the entries of a path-list variable (``PYTHONPATH``) that ``keep`` rejects.
+
+    Returns:
+        True when something was removed (the variable is removed when empty).
+
+    Example:
+        >>> with patch({"MIRRORKIT_EXAMPLE": "a:b"}):
+        ...     replace_path_list("MIRRORKIT_EXAMPLE", lambda e: e != "b"), get("MIRRORKIT_EXAMPLE")
+        (True, 'a')
+    """
+    value = os.environ.get(name)
+    if value is None:
+        return False
+    entries = value.split(os.pathsep)
+    kept = [e for e in entries if keep(e)]
+    if kept == entries:
+        return False
+    _set({name: os.pathsep.join(kept) if any(kept) else None})
+    return True
 
 
 def cuda_visible_devices() -> str | None:

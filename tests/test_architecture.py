@@ -19,7 +19,7 @@ MAX_LINES = 400
 # Lower layers never import higher ones; packages of one layer never import
 # each other. The top layer is the public face and the command line.
 LAYERS = {
-    "mirrorkit._env": 0, "mirrorkit._version": 0,
+    "mirrorkit._env": 0, "mirrorkit._version": 0, "mirrorkit._checks": 0,
     "mirrorkit.compat": 1,
     "mirrorkit.distribute": 2,
     "mirrorkit.data": 3, "mirrorkit.datasets": 3,

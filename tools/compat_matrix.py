@@ -34,8 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # The newest TensorFlow and the two minors before it that PyPI serves for
 # Python 3.11, each with the Keras 3 that `pip install tensorflow==X` picks
-# (None: let pip choose) and, for the oldest, the oldest Keras we support.
-DEFAULT_PAIRS = "2.21.0:3.15.1,2.20.0,2.19.1,2.19.1:3.10.0"
+# (None: let pip choose).
+DEFAULT_PAIRS = "2.21.0:3.15.1,2.20.0,2.19.1"
 DEFAULT_TESTS = ("tests/compat", "tests/distribute/test_equivalence.py")
 
 

@@ -1,6 +1,6 @@
 """Fixes for the upstream Keras 3 bugs that break training under ``tf.distribute``.
 
-With TensorFlow 2.19-2.21 and Keras 3.10-3.15, ``model.fit`` under
+With TensorFlow 2.19-2.21 and Keras 3.15, ``model.fit`` under
 ``tf.distribute.MultiWorkerMirroredStrategy`` fails before the first step
 (keras-team/keras#20585, tensorflow/tensorflow#72388), and
 ``steps_per_execution > 1`` fails under any strategy with 2+ replicas

@@ -1,6 +1,6 @@
 """Apply mirrorkit's Keras/TensorFlow fixes to programs that never import mirrorkit.
 
-``mirrorkit launch`` puts a tiny ``sitecustomize`` (in ``mirrorkit/compat/_site``)
+``mirrorkit launch`` puts a tiny ``sitecustomize`` (in ``mirrorkit/launcher/_site``)
 first on each Python worker's ``PYTHONPATH``. It calls :func:`install`, which
 waits for the program's own imports: when ``tensorflow`` has been imported
 under a multi-worker ``TF_CONFIG``, peer-failure detection is configured
@@ -23,16 +23,11 @@ import importlib.abc
 import importlib.machinery
 import logging
 import sys
-from pathlib import Path
 from typing import Any, Callable
 
 from mirrorkit import _env
 
 logger = logging.getLogger(__name__)
-
-# The folder that holds the bootstrap sitecustomize.py.
-SITE_DIR = Path(__file__).resolve().parent / "_site"
-
 
 def _after_tensorflow() -> None:
     if _env.tf_config_text() is None:

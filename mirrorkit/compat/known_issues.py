@@ -44,7 +44,7 @@ class KnownIssue:
         """True when ``version`` lies inside :attr:`tested`.
 
         Example:
-            >>> KNOWN_ISSUES[0].tested_on("3.12.0"), KNOWN_ISSUES[0].tested_on("4.0")
+            >>> KNOWN_ISSUES[0].tested_on("3.15.1"), KNOWN_ISSUES[0].tested_on("4.0")
             (True, False)
         """
         if version is None or self.tested is None:
@@ -63,7 +63,8 @@ class KnownIssue:
 
 
 # The Keras versions of the test matrix (tools/compat-matrix/results.md).
-TESTED_KERAS = ("3.10.0", "3.15.1")
+TESTED_KERAS = ("3.15.1", "3.15.1")
+TESTED_TENSORFLOW = ("2.19.1", "2.21.0")
 
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     KnownIssue(
@@ -103,6 +104,24 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "steps_per_execution > 1 in fit fails under MirroredStrategy with 2+ replicas.",
         "compat fix 'multi-step' runs the steps in a while loop without a cond around "
         "the step; applied with any multi-replica strategy mirrorkit creates.",
+        TESTED_KERAS,
+    ),
+    KnownIssue(
+        "tensorflow#30968", "tensorflow", "2.0", None,
+        "TensorFlow's oneDNN CPU convolutions return their input unchanged for an empty "
+        "batch, so predict/evaluate on inputs that leave a replica empty (1 image on 2 "
+        "replicas) fail at the next BatchNormalization ('Incompatible shapes').",
+        "compat fix 'empty-conv' guards the convolutions of multi-replica predict/evaluate "
+        "functions (checked once by a tiny convolution on first use).",
+        TESTED_TENSORFLOW,
+    ),
+    KnownIssue(
+        "keras-on-batch", "keras", "3.0", None,
+        "predict_on_batch/test_on_batch/train_on_batch give the whole batch to every "
+        "replica under a strategy with 2+ replicas: predict_on_batch returns N times the "
+        "rows (64 for 32 images on 2 replicas), summing metrics count N times.",
+        "compat fixes 'predict-on-batch', 'test-on-batch', 'train-on-batch' split the "
+        "batch across the replicas where that gives one device's results exactly.",
         TESTED_KERAS,
     ),
     KnownIssue(

@@ -12,7 +12,8 @@ strategy never fails because of a fix. The fixes themselves live in one
 module each: :mod:`~mirrorkit.compat.symbolic_build`,
 :mod:`~mirrorkit.compat.scalar_logs`, :mod:`~mirrorkit.compat.multistep`,
 :mod:`~mirrorkit.compat.step_variables`, :mod:`~mirrorkit.compat.no_call_build`,
-:mod:`~mirrorkit.compat.cross_replica_step`.
+:mod:`~mirrorkit.compat.cross_replica_step`,
+:mod:`~mirrorkit.compat.empty_conv`, :mod:`~mirrorkit.compat.on_batch`.
 
 Example:
     >>> sorted(FIXES)[:3]
@@ -27,9 +28,11 @@ from typing import Any, Iterable
 from mirrorkit import _env
 from mirrorkit.compat import (
     cross_replica_step,
+    empty_conv,
     known_issues,
     multistep,
     no_call_build,
+    on_batch,
     probes,
     scalar_logs,
     step_variables,
@@ -41,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 _TRAINER = "keras.src.backend.tensorflow.trainer"
 _CORE = "keras.src.backend.tensorflow.core"
+_NN = "keras.src.backend.tensorflow.nn"
 
 # Status values :func:`apply` and :func:`status` report for each fix.
 APPLIED = "applied"
@@ -48,6 +52,15 @@ NOT_NEEDED = "not-needed"
 DISABLED = "disabled"
 NOT_APPLIED = "not-applied"
 UNAVAILABLE = "unavailable"
+
+# The three *_on_batch methods share one upstream bug (keras-on-batch).
+_ON_BATCH = (
+    ("predict", "N times the rows come back", "returned N times the rows", on_batch.make_predict),
+    ("test", "summed metrics count each example N times",
+     "counted every example N times", on_batch.make_test),
+    ("train", "summed metrics count each example N times and every replica does the "
+     "whole batch's work", "counted every example N times", on_batch.make_train),
+)
 
 FIXES: dict[str, Fix] = {fix.name: fix for fix in (
     Fix("symbolic-build", "keras#20585",
@@ -66,6 +79,23 @@ FIXES: dict[str, Fix] = {fix.name: fix for fix in (
         "You must feed a value for placeholder tensor",
         (_TRAINER, "_make_function", "TensorFlowTrainer"), multistep.make,
         probes.several_steps_per_call),
+    Fix("empty-conv", "tensorflow#30968",
+        "TensorFlow's oneDNN CPU convolutions return their input for an empty batch, so "
+        "predict/evaluate fail when a replica's share of the last batch is empty.",
+        "Incompatible shapes", (_NN, "conv", None), empty_conv.guard_op,
+        also=((_NN, "depthwise_conv", None, empty_conv.guard_op),
+              (_NN, "separable_conv", None, empty_conv.guard_op),
+              (_NN, "conv_transpose", None, empty_conv.guard_op),
+              (_TRAINER, "make_predict_function", "TensorFlowTrainer",
+               empty_conv.guard_predict_function),
+              (_TRAINER, "make_test_function", "TensorFlowTrainer",
+               empty_conv.guard_test_function))),
+    # Not a multi-worker bug: any strategy with 2+ replicas.
+    *(Fix(f"{kind}-on-batch", "keras-on-batch",
+          f"{kind}_on_batch gives the whole batch to every replica: {harm}.",
+          f"{kind}_on_batch {symptom}",
+          (_TRAINER, f"{kind}_on_batch", "TensorFlowTrainer"), make)
+      for kind, harm, symptom, make in _ON_BATCH),
     Fix("step-variables", "keras#19308",
         "a Keras variable first created inside a tf.function under 2+ replicas (optimizer "
         "slots or layer weights in custom training loops) makes the step run in a tf.cond.",

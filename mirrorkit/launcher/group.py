@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import IO, Callable, Mapping
 
 from mirrorkit import _env
-from mirrorkit.compat.autofix import SITE_DIR
 from mirrorkit.distribute.cluster import build_tf_config
 from mirrorkit.distribute.devices import cores_each, visible_devices
+from mirrorkit.launcher.bootstrap import SITE_DIR
 from mirrorkit.launcher.ports import check_ports_free, free_ports
 from mirrorkit.launcher.process import WorkerProcess, killpg
 from mirrorkit.launcher.spec import LaunchSpec

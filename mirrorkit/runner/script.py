@@ -59,6 +59,17 @@ batch it with ``drop_remainder=True`` (or build it with
 :func:`mirrorkit.train_pipeline`). When one fails this way, the error
 carries a note saying so; when its loss turns NaN, one warning says so.
 
+``predict``/``evaluate`` need no trimming: with :mod:`mirrorkit.compat`'s
+``empty-conv`` fix an empty replica batch contributes nothing, so their
+results are exactly one device's for every input type (see
+:mod:`mirrorkit.compat.empty_conv`).
+
+Saving in multi-worker mode (``mirrorkit launch -- mirrorkit run``): the stock
+``keras.callbacks.BackupAndRestore``/``ModelCheckpoint``/``TensorBoard``,
+``Model.save``/``save_weights`` and ``tf.train.Checkpoint``/``CheckpointManager``
+saves write from the chief only, the others to private temporary directories
+(:mod:`mirrorkit.runner.chief_saving`).
+
 Uneven batches otherwise train fine once :mod:`mirrorkit.compat` is applied,
 which every run does (``MIRRORKIT_COMPAT=off`` opts out): without it Keras 3
 fails whenever the first batch of ``fit``/``evaluate`` does not split evenly
@@ -88,6 +99,7 @@ from typing import Callable, Iterator
 
 from mirrorkit import _env
 from mirrorkit.distribute.runtime import Runtime
+from mirrorkit.runner import chief_saving
 from mirrorkit.runner.config import RunConfig, ScriptFailed, check_script
 from mirrorkit.runner.model_methods import model_methods
 from mirrorkit.runner.scope import ScriptScope
@@ -152,7 +164,7 @@ def run_script(config: RunConfig,
         if on_start is not None:
             on_start(runtime, scale)
         with ScriptScope(strategy, runtime) as scope, _script_sys(path, config.args), \
-                script_strategies(scope), model_methods(scale):
+                script_strategies(scope), model_methods(scale), chief_saving.installed(runtime):
             _run_path(path)
 
 

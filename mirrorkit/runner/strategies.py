@@ -83,9 +83,11 @@ def _watching_class(original: type, public_name: str, scope: ScriptScope) -> typ
     """A stand-in for ``original`` whose construction goes through :func:`_construct`.
 
     A subclass with a metaclass: ``isinstance``/``issubclass`` against it
-    answer as for ``original`` (so mirrorkit's strategy passes
-    ``isinstance(s, tf.distribute.MirroredStrategy)``), and calling it can
-    return an existing instance without ``__init__`` running again.
+    answer as for ``original``, and mirrorkit's strategy counts as a
+    ``tf.distribute.MirroredStrategy`` whatever its class (so
+    ``isinstance(s, tf.distribute.MirroredStrategy)`` holds under
+    ``mirrorkit launch`` too); calling it can return an existing instance
+    without ``__init__`` running again.
     """
 
     class _Meta(type(original)):  # type: ignore[misc]
@@ -99,7 +101,11 @@ def _watching_class(original: type, public_name: str, scope: ScriptScope) -> typ
 
         def __instancecheck__(cls, instance: Any) -> bool:
             if cls is stand_in:
-                return isinstance(instance, original)
+                # Under `mirrorkit launch` a MirroredStrategy() script gets a
+                # MultiWorkerMirroredStrategy (not a subclass of it) and must
+                # still pass its own isinstance check.
+                return isinstance(instance, original) or (
+                    adopts and instance is scope.strategy)
             return super().__instancecheck__(instance)
 
         def __subclasscheck__(cls, subclass: type) -> bool:
@@ -107,6 +113,10 @@ def _watching_class(original: type, public_name: str, scope: ScriptScope) -> typ
                 return issubclass(subclass, original)
             return super().__subclasscheck__(subclass)
 
+    # Only MirroredStrategy claims mirrorkit's strategy whatever its class: a
+    # MultiWorkerMirroredStrategy mirrors too, but a local MirroredStrategy
+    # passing as multi-worker would mislead a script's cluster logic.
+    adopts = public_name == "tf.distribute.MirroredStrategy"
     stand_in = _Meta(original.__name__, (original,), {
         "__module__": original.__module__, "__qualname__": original.__qualname__,
         "__doc__": original.__doc__})

@@ -52,10 +52,13 @@ from typing import Any
 
 import keras
 
+from mirrorkit.compat.saving_cache import share_saving_references
 from mirrorkit.training.chief import (
     Scratch,
     broadcast_from_chief,
+    chief_path,
     in_multi_worker_mode,
+    in_scratch,
     is_chief,
     strategy_of,
     task_label,
@@ -63,7 +66,8 @@ from mirrorkit.training.chief import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BackupAndRestore", "ModelCheckpoint", "TensorBoard", "is_chief", "save_model"]
+__all__ = ["BackupAndRestore", "ModelCheckpoint", "TensorBoard", "chief_path", "in_scratch",
+           "is_chief", "save_model"]
 
 
 class BackupAndRestore(keras.callbacks.BackupAndRestore):
@@ -119,6 +123,9 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     def on_train_begin(self, logs=None):
         model = self.model
         strategy = strategy_of(model)
+        if in_multi_worker_mode(strategy):
+            # Before the chief alone restores: see compat.saving_cache.
+            share_saving_references(strategy)
         if model.optimizer is not None and not model.optimizer.built:
             # Build on every worker: creating variables is collective under
             # MWMS, and Keras would otherwise build it on the chief alone.
@@ -288,22 +295,12 @@ def save_model(model: Any, path: str | os.PathLike, **kwargs: Any) -> bool:
         True
     """
     path = os.fspath(path)
-    chief = is_chief(model)
-    target = path
-    scratch = None
-    if not chief:
-        scratch = Scratch("save", path, task_label(strategy_of(model)))
-        target = os.path.join(scratch.get(), os.path.basename(path))
-    else:
-        parent = os.path.dirname(path)
-        if parent:
-            os.makedirs(parent, exist_ok=True)
-    try:
+    parent = os.path.dirname(path)
+    if parent and is_chief(model):
+        os.makedirs(parent, exist_ok=True)
+    with chief_path(model, path, "save") as target:
         if path.endswith(".weights.h5"):
             model.save_weights(target, **kwargs)
         else:
             model.save(target, **kwargs)
-    finally:
-        if scratch is not None:
-            scratch.remove()
-    return chief
+    return is_chief(model)

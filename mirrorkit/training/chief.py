@@ -13,13 +13,14 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import os
 import shutil
 import tempfile
 import weakref
-from typing import Any
+from typing import Any, Iterator
 
 
 def strategy_of(model_or_strategy: Any) -> Any:
@@ -137,3 +138,46 @@ def broadcast_from_chief(strategy: Any, values: list[Any]) -> list[Any]:
         for i, r in zip(indices, reduced):
             out[i] = tf.cast(strategy.experimental_local_results(r)[0], values[i].dtype)
     return out
+
+
+def in_scratch(path: str | os.PathLike) -> bool:
+    """True when ``path`` lies in one of mirrorkit's private temporary directories.
+
+    Example:
+        >>> in_scratch("out/model.keras")
+        False
+    """
+    root = os.path.realpath(tempfile.gettempdir())
+    full = os.path.realpath(os.fspath(path))
+    if os.path.commonpath([root, full]) != root or full == root:
+        return False
+    return os.path.relpath(full, root).split(os.sep)[0].startswith("mirrorkit-")
+
+
+@contextlib.contextmanager
+def chief_path(model_or_strategy: Any, path: str | os.PathLike,
+               kind: str = "save") -> Iterator[str]:
+    """Yield where this process writes ``path``: itself on the chief, else a private path.
+
+    A non-chief worker gets ``<private temp dir>/<basename of path>``; the
+    directory is removed when the block ends. A path already inside one of
+    mirrorkit's private directories (a chief-aware callback's) is kept.
+
+    Args:
+        model_or_strategy: as for :func:`is_chief`.
+        path: the real destination.
+        kind: a short label for the private directory's name.
+
+    Example:
+        >>> with chief_path(model, "out/final.keras") as target:   # doctest: +SKIP
+        ...     model.save(target)
+    """
+    path = os.fspath(path)
+    if is_chief(model_or_strategy) or in_scratch(path):
+        yield path
+        return
+    scratch = Scratch(kind, path, task_label(strategy_of(model_or_strategy)))
+    try:
+        yield os.path.join(scratch.get(), os.path.basename(path) or "saved")
+    finally:
+        scratch.remove()

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import REPO, clean_env, run_snippet
 
 SCRIPTS = REPO / "tests" / "fixtures" / "scripts"

@@ -418,7 +418,7 @@ def test_unmodified_tutorial_script_trains_because_launch_applies_the_fixes(
 
 
 def test_bootstrap_runs_a_shadowed_sitecustomize_and_installs_the_hook(tmp_path):
-    from mirrorkit.compat.autofix import SITE_DIR
+    from mirrorkit.launcher.bootstrap import SITE_DIR
 
     (tmp_path / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = '1'\n")
     code = ("import os, sys\n"

@@ -75,18 +75,15 @@ def test_automatic_steps_per_execution_divides_the_epoch():
     (30, 2, 16, None),          # 16 steps x 2 replicas need 32 examples
 ])
 def test_validation_plan_runs_whole_calls_of_whole_batches(val_examples, replicas, spe, want):
-    from types import SimpleNamespace
+    from mirrorkit.data import resolve_batch
+    from mirrorkit.training.plan import _validation_plan
 
-    from mirrorkit import data as pipelines
-    from mirrorkit.training import _validation_plan
-
-    batch = pipelines.resolve_batch(per_replica_batch=32, replicas=replicas)
-    data = SimpleNamespace(val_examples=val_examples, name="d")
+    batch = resolve_batch(per_replica_batch=32, replicas=replicas)
     if want is None:
         with pytest.raises(ValueError, match="30 validation examples, too few for 16 validation"):
-            _validation_plan(pipelines, batch, data, spe)
+            _validation_plan(batch, val_examples, spe, "d")
         return
-    val_batch, steps = _validation_plan(pipelines, batch, data, spe)
+    val_batch, steps = _validation_plan(batch, val_examples, spe, "d")
     assert (val_batch.global_batch, steps) == want
     assert steps % spe == 0 and val_batch.global_batch * steps <= val_examples
 

@@ -1,9 +1,11 @@
 """mirrorkit's worker bootstrap (on PYTHONPATH only under ``mirrorkit launch``).
 
 Python imports ``sitecustomize`` at start-up. This one runs any
-``sitecustomize`` it shadows, then asks :mod:`mirrorkit.compat.autofix` to apply
-mirrorkit's Keras fixes once the program imports TensorFlow and Keras. It
-never fails the program: without mirrorkit importable it does nothing.
+``sitecustomize`` it shadows, then asks :mod:`mirrorkit.compat.autofix` to
+apply mirrorkit's Keras fixes once the program imports TensorFlow and Keras,
+and keeps ``TF_CONFIG`` and itself out of the processes the program starts
+(:mod:`mirrorkit.launcher.bootstrap`). It never fails the program: without
+mirrorkit importable it does nothing.
 """
 
 import importlib.machinery
@@ -30,4 +32,12 @@ finally:
 
         autofix.install()
     except Exception:  # a broken or missing mirrorkit must not break the worker
+        pass
+    try:
+        # TF_CONFIG and this bootstrap are for this worker, not for the
+        # processes it starts (they would join the cluster).
+        from mirrorkit.launcher import bootstrap
+
+        bootstrap.keep_out_of_children()
+    except Exception:
         pass
