@@ -108,14 +108,18 @@ def _replace_callbacks(undo: list) -> None:
 
 
 def _chief_only(method: Callable[..., Any], kind: str) -> Callable[..., Any]:
-    from mirrorkit.training.chief import chief_path
+    from mirrorkit.training.chief import barrier, chief_path
 
     @functools.wraps(method)
     def save(self: Any, filepath: Any, *args: Any, **kwargs: Any) -> Any:
         if not isinstance(filepath, (str, bytes)) and not hasattr(filepath, "__fspath__"):
             return method(self, filepath, *args, **kwargs)   # file objects: as written
         with chief_path(self, filepath, kind) as target:
-            return method(self, target, *args, **kwargs)
+            result = method(self, target, *args, **kwargs)
+        # The script may read the file next (save, then load_model) on every
+        # worker: none may read before the chief has finished writing it.
+        barrier(self)
+        return result
 
     return save
 

@@ -181,3 +181,22 @@ def chief_path(model_or_strategy: Any, path: str | os.PathLike,
         yield os.path.join(scratch.get(), os.path.basename(path) or "saved")
     finally:
         scratch.remove()
+
+
+def barrier(model_or_strategy: Any = None) -> None:
+    """Wait until every worker reaches this point (a no-op outside multi-worker mode).
+
+    After a chief-only save, the others must not read the real path before
+    the chief has finished writing it (a script that saves then reloads,
+    ``model.save(p); keras.models.load_model(p)``, runs the same lines on
+    every worker). One tiny all-reduce: every worker must call it.
+
+    Example:
+        >>> barrier()          # doctest: +SKIP
+    """
+    strategy = strategy_of(model_or_strategy)
+    if not in_multi_worker_mode(strategy):
+        return
+    import tensorflow as tf
+
+    strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)

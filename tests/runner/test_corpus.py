@@ -40,10 +40,13 @@ MODES = ("plain", "run", "launch")
 # runs 1-2 epochs from the same seed; 2 replicas change the summation order
 # (and, where the script sizes its batch by num_replicas_in_sync, the batch).
 TOLERANCE = {
-    # The tutorial sizes its global batch by num_replicas_in_sync: 2 replicas take
-    # half the steps of one (8 instead of 16 an epoch), so only the outcome is comparable.
-    "ctl_mirrored": 0.6,
-    "gan_subclass": 0.3,           # adversarial losses: noisy by nature
+    # The custom-training tutorial (strategy.run, compute_average_loss).
+    "tf_custom_training_tutorial": 0.25,
+    # keras.io GAN: compared on epochs, optimizer steps and finiteness only; its
+    # logged losses are 1/N under N replicas (Keras scales losses for the
+    # gradient sum inside strategy.run, and the guide logs that value).
+    "keras_io_gan": 0.0,
+    "keras_io_loop_from_scratch": 0.1,
     "pydataset_dict": 0.1,
     "transfer_learning": 0.1,
     "image_folders": 0.25,         # 10 training steps on BatchNorm statistics
@@ -161,7 +164,7 @@ def test_corpus_script_agrees_with_plain_python(corpus, name, mode):
     assert not diffs, f"{name} under {mode}: " + "; ".join(diffs)
 
 
-if __name__ == "__main__":  # a table of today's results: python tests/runner/test_corpus.py [names]
+if __name__ == "__main__":  # a table: PYTHONPATH=tests python tests/runner/test_corpus.py [names]
     import tempfile
 
     sys.path.insert(0, str(REPO / "tests"))
