@@ -156,6 +156,13 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"requested": {"tensorflow": tf_version, "keras": keras_version},
                      "versions": versions, **result})
     if rows:
+        # Rows of other pairs from an earlier run stay (one run per pair is fine).
+        previous = out / "results.json"
+        if previous.exists():
+            ran = {(r["versions"]["tensorflow"], r["versions"]["keras"]) for r in rows}
+            rows = [r for r in json.loads(previous.read_text()).get("rows", [])
+                    if (r["versions"]["tensorflow"], r["versions"]["keras"]) not in ran] + rows
+        rows.sort(key=lambda r: r["versions"]["tensorflow"], reverse=True)
         meta = {"date": datetime.date.today().isoformat(), "python": platform.python_version(),
                 "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores",
                 "tests": args.tests}
