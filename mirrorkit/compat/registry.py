@@ -275,14 +275,25 @@ def works(name: str, replicas: int) -> bool:
 def decisions() -> dict[str, dict[str, str]]:
     """Each fix's status, how its need was decided, and why (for ``mirrorkit info``).
 
+    Fixes turned off by ``MIRRORKIT_COMPAT``/``MIRRORKIT_COMPAT_DISABLE`` read
+    ``disabled``.
+
+    Raises:
+        ValueError: ``MIRRORKIT_COMPAT_DISABLE`` names an unknown fix.
+
     Example:
         >>> from mirrorkit import compat
         >>> compat.decisions()["multi-step"]["how"]          # doctest: +SKIP
         'version table'
     """
     current = status()
+    off = _disabled_from_env()
     out = {}
     for name, fix in FIXES.items():
+        if name in off:
+            out[name] = {"status": DISABLED, "ref": fix.ref, "how": "environment",
+                         "detail": f"{_env.COMPAT} / {_env.COMPAT_DISABLE}"}
+            continue
         if current[name] == UNAVAILABLE:
             out[name] = {"status": UNAVAILABLE, "ref": fix.ref, "how": "target missing",
                          "detail": _UNAVAILABLE.get(name, "its target is not in this Keras")}

@@ -87,3 +87,22 @@ def test_bad_simulate_cpus_env_is_one_line():
                                      "Received: MIRRORKIT_SIMULATE_CPUS='zero'")
     result = CliRunner().invoke(cli, ["info"], env={"MIRRORKIT_STRATEGY": "tpu"})
     assert result.exit_code == 1 and "Received: MIRRORKIT_STRATEGY='tpu'" in result.output
+
+
+def test_info_names_every_compat_fix_and_rejects_an_unknown_one(run_python):
+    # A fresh process: the report imports TensorFlow.
+    proc = run_python("""
+        from click.testing import CliRunner
+        from mirrorkit.cli import cli
+        from mirrorkit import compat
+        ok = CliRunner().invoke(cli, ["info"], env={"MIRRORKIT_COMPAT_DISABLE": "multi-step"})
+        bad = CliRunner().invoke(cli, ["info"], env={"MIRRORKIT_COMPAT_DISABLE": "nope"})
+        fixes = [line for line in ok.output.splitlines() if line.startswith("fix ")]
+        print(ok.exit_code, len(fixes) == len(compat.FIXES),
+              any("multi-step" in f and "disabled" in f for f in fixes))
+        print(bad.exit_code, bad.output.strip().splitlines()[-1])
+    """)
+    first, second = proc.stdout.strip().splitlines()[-2:]
+    assert first == "0 True True"
+    assert second.startswith("1 Error: Unknown compat fix in MIRRORKIT_COMPAT_DISABLE. "
+                             "Received: nope; accepted: all, symbolic-build")
