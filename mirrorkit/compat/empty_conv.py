@@ -46,6 +46,8 @@ import functools
 import logging
 from typing import Any, Callable
 
+from mirrorkit.compat.values import model_replicas
+
 logger = logging.getLogger(__name__)
 
 
@@ -113,7 +115,7 @@ def _guard_maker(original: Callable[..., Any], attr: str) -> Callable[..., Any]:
         # make_test_function returns nothing; both store the function.
         function = getattr(self, attr, None)
         if function is None or getattr(function, "__mirrorkit_guarded__", False) \
-                or not _multi_replica(self) or not _kernel_is_broken():
+                or not model_replicas(self) > 1 or not _kernel_is_broken():
             return result
 
         @functools.wraps(function)
@@ -130,13 +132,6 @@ def _guard_maker(original: Callable[..., Any], attr: str) -> Callable[..., Any]:
         return guarded if result is not None else None
 
     return make
-
-
-def _multi_replica(model: Any) -> bool:
-    try:
-        return int(model.distribute_strategy.num_replicas_in_sync) > 1
-    except (AttributeError, RuntimeError, TypeError, ValueError):
-        return False
 
 
 def guard_predict_function(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -29,9 +29,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-
-def _replicas(strategy: Any) -> int:
-    return int(getattr(strategy, "num_replicas_in_sync", 1) or 1)
+from mirrorkit.compat.values import replicas
 
 
 def make(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -44,7 +42,7 @@ def make(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def _make_function(self: Any, step_function: Callable[..., Any]) -> Any:
         strategy = self.distribute_strategy
-        if self.steps_per_execution <= 1 or self.run_eagerly or _replicas(strategy) <= 1:
+        if self.steps_per_execution <= 1 or self.run_eagerly or replicas(strategy) <= 1:
             return original(self, step_function)
         return _multi_step(self, step_function, strategy)
 

@@ -40,9 +40,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-
-def _replicas(strategy: Any) -> int:
-    return int(getattr(strategy, "num_replicas_in_sync", 1) or 1)
+from mirrorkit.compat.values import replicas
 
 
 def _splittable(value: Any) -> bool:
@@ -82,10 +80,10 @@ def distribute_batch(strategy: Any, data: Any, *, exact: bool) -> Any | None:
     from keras.src import tree
 
     n = _rows(data)
-    replicas = _replicas(strategy)
-    if n is None or (exact and n % replicas):
+    count = replicas(strategy)
+    if n is None or (exact and n % count):
         return None
-    base, extra = divmod(n, replicas)
+    base, extra = divmod(n, count)
 
     def piece(context: Any) -> Any:
         i = context.replica_id_in_sync_group
@@ -108,7 +106,7 @@ def _batch_statistics(model: Any) -> bool:
 
 def _needs_split(model: Any) -> Any:
     strategy = getattr(model, "_distribute_strategy", None)
-    if strategy is None or _replicas(strategy) <= 1 or model.run_eagerly:
+    if strategy is None or replicas(strategy) <= 1 or model.run_eagerly:
         return None
     return strategy
 

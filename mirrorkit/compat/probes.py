@@ -18,9 +18,9 @@ Example:
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
-from mirrorkit.compat._values import in_multi_worker_mode
+from mirrorkit.compat.values import in_multi_worker_mode, replicas
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 def _local_replicas(strategy: Any) -> int:
     if strategy is None or in_multi_worker_mode(strategy):
         return 0  # across workers a probe would need every worker to run it in step
-    return int(getattr(strategy, "num_replicas_in_sync", 1) or 1)
+    return replicas(strategy)
 
 
 def _fit(strategy: Any, examples: int, batch: int, steps_per_execution: int,
@@ -54,21 +54,13 @@ def _fit(strategy: Any, examples: int, batch: int, steps_per_execution: int,
     return False
 
 
-# What each probe fits (examples, batch, steps per call as multiples of the
-# replicas) and the upstream errors that mean "the bug is there".
-_CASES = {
-    "uneven": ((1, 1), (1, 1), 1, ("must have the same size and shape",
-                                   "Attempt to convert a value (PerReplica")),
-    "multi-step": ((4, 0), (2, 0), 2, ("You must feed a value for placeholder tensor",)),
-}
-
-
-def _probe(case: str, strategy: Any) -> bool | None:
-    replicas = _local_replicas(strategy)
-    if replicas < 2:
+def _probe(strategy: Any, sizes: Callable[[int], tuple[int, int]], steps_per_execution: int,
+           markers: tuple[str, ...]) -> bool | None:
+    n = _local_replicas(strategy)
+    if n < 2:
         return None
-    (ex_a, ex_b), (b_a, b_b), spe, markers = _CASES[case]
-    return _fit(strategy, ex_a * replicas + ex_b, b_a * replicas + b_b, spe, markers)
+    examples, batch = sizes(n)
+    return _fit(strategy, examples, batch, steps_per_execution, markers)
 
 
 def uneven_global_batch(strategy: Any) -> bool | None:
@@ -78,7 +70,8 @@ def uneven_global_batch(strategy: Any) -> bool | None:
         >>> uneven_global_batch(None) is None
         True
     """
-    return _probe("uneven", strategy)
+    return _probe(strategy, lambda n: (n + 1, n + 1), 1,
+                  ("must have the same size and shape", "Attempt to convert a value (PerReplica"))
 
 
 def several_steps_per_call(strategy: Any) -> bool | None:
@@ -88,4 +81,5 @@ def several_steps_per_call(strategy: Any) -> bool | None:
         >>> several_steps_per_call(None) is None
         True
     """
-    return _probe("multi-step", strategy)
+    return _probe(strategy, lambda n: (4 * n, 2 * n), 2,
+                  ("You must feed a value for placeholder tensor",))

@@ -16,6 +16,8 @@ import logging
 import math
 from typing import Any, Callable, Iterator
 
+from mirrorkit.compat.values import model_replicas
+
 logger = logging.getLogger(__name__)
 
 # Keras's batch_size when a script passes none to fit/evaluate/predict.
@@ -57,19 +59,12 @@ def _is_prebatched(x: Any) -> bool:
     return inspect.isgenerator(x) or hasattr(x, "__next__") or "DataLoader" in type(x).__name__
 
 
-def _replicas(model: Any) -> int:
-    try:
-        return int(model.distribute_strategy.num_replicas_in_sync)
-    except (AttributeError, RuntimeError, TypeError, ValueError):
-        return 1
-
-
 def _method_wrapper(method: Callable[..., Any], scale: bool,
                     warned: set[str]) -> Callable[..., Any]:
     signature = inspect.signature(method)
 
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        replicas = _replicas(self)
+        replicas = model_replicas(self)
         if replicas == 1 or kwargs.get("_use_cached_eval_dataset"):
             # Nothing to split, or fit's own validation pass (data already prepared).
             return method(self, *args, **kwargs)

@@ -22,6 +22,8 @@ import tempfile
 import weakref
 from typing import Any, Iterator
 
+from mirrorkit.compat.values import in_multi_worker_mode
+
 
 def strategy_of(model_or_strategy: Any) -> Any:
     """The strategy of a model, a strategy itself, or (None) the current one."""
@@ -55,12 +57,6 @@ def task_label(strategy: Any) -> str:
     if not task_type:
         return "local"
     return f"{task_type}{int(getattr(resolver, 'task_id', 0) or 0)}"
-
-
-def in_multi_worker_mode(strategy: Any) -> bool:
-    """True when ``strategy`` spans several worker processes."""
-    extended = strategy.extended
-    return bool(getattr(extended, "_in_multi_worker_mode", lambda: False)())
 
 
 class Scratch:
