@@ -149,9 +149,22 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         TESTED_KERAS,
     ),
     KnownIssue(
+        "mirrorkit-generator-aliasing", "tensorflow", "2.0", None,
+        "Dataset.from_generator (behind keras.utils.PyDataset and generator inputs) wraps "
+        "the NumPy arrays a generator yields without a copy; across 2+ workers the training "
+        "step sometimes writes into them (sample weights overwritten in the first epoch, so "
+        "later epochs' loss, weighted metrics and training vary from run to run).",
+        "compat fix 'generator-copies' copies each yielded array in a process that is one of "
+        "2+ workers.",
+        TESTED_TENSORFLOW,
+    ),
+    KnownIssue(
         "keras#20582", "keras", "3.0", None,
-        "optimizer gradient_accumulation_steps fails under any tf.distribute strategy.",
-        "mirrorkit rejects it under a strategy with this reason.",
+        "optimizer gradient_accumulation_steps fails under any tf.distribute strategy "
+        "('`merge_call` called while defining a new graph': a sync inside a cond).",
+        "compat fix 'gradient-accumulation' sums the replicas' gradients every micro-batch "
+        "and chooses step-or-accumulate per device, where a cond is allowed.",
+        TESTED_KERAS,
     ),
 )
 

@@ -13,7 +13,8 @@ module each: :mod:`~mirrorkit.compat.symbolic_build`,
 :mod:`~mirrorkit.compat.scalar_logs`, :mod:`~mirrorkit.compat.multistep`,
 :mod:`~mirrorkit.compat.step_variables`, :mod:`~mirrorkit.compat.no_call_build`,
 :mod:`~mirrorkit.compat.cross_replica_step`,
-:mod:`~mirrorkit.compat.empty_conv`, :mod:`~mirrorkit.compat.on_batch`.
+:mod:`~mirrorkit.compat.empty_conv`, :mod:`~mirrorkit.compat.on_batch`,
+:mod:`~mirrorkit.compat.generator_copies`, :mod:`~mirrorkit.compat.accumulation`.
 
 Example:
     >>> sorted(FIXES)[:3]
@@ -27,8 +28,10 @@ from typing import Any, Iterable
 
 from mirrorkit import _env
 from mirrorkit.compat import (
+    accumulation,
     cross_replica_step,
     empty_conv,
+    generator_copies,
     known_issues,
     multistep,
     no_call_build,
@@ -45,6 +48,7 @@ logger = logging.getLogger(__name__)
 _TRAINER = "keras.src.backend.tensorflow.trainer"
 _CORE = "keras.src.backend.tensorflow.core"
 _NN = "keras.src.backend.tensorflow.nn"
+_FROM_GENERATOR = "tensorflow.python.data.ops.from_generator_op"
 
 # Status values :func:`apply` and :func:`status` report for each fix.
 APPLIED = "applied"
@@ -119,6 +123,17 @@ FIXES: dict[str, Fix] = {fix.name: fix for fix in (
                cross_replica_step.make_maybe_merge_call),
               ("keras.src.optimizers.loss_scale_optimizer", "_tf_apply", "LossScaleOptimizer",
                cross_replica_step.make_lso_apply))),
+    Fix("generator-copies", "mirrorkit-generator-aliasing",
+        "tensors from Dataset.from_generator (PyDataset, generator inputs) share the "
+        "generator's NumPy arrays, and across workers a training step may write into them.",
+        "shares memory with the generator's array",
+        (_FROM_GENERATOR, "_from_generator", None), generator_copies.make),
+    Fix("gradient-accumulation", "keras#20582",
+        "an optimizer with gradient_accumulation_steps synchronises the replicas inside a "
+        "cond, which every tf.distribute strategy rejects.",
+        "`merge_call` called while defining a new graph",
+        ("keras.src.backend.tensorflow.optimizer", "_backend_apply_gradients", "TFOptimizer"),
+        accumulation.make),
 )}
 
 # Per process: each fix's decision (probes run once) and the fixes whose

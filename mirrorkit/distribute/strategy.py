@@ -59,12 +59,12 @@ def _create(tf: Any, sel: Selection) -> Any:
             if sel.simulate_cpus:
                 devices.configure_cpus(tf, n)
             strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
-        if strategy.num_replicas_in_sync > 1:
-            # Keras 3 fit fails when a global batch splits unevenly over the
-            # replicas (keras#20585, symbolic-build); the fix is a no-op otherwise.
-            from mirrorkit import compat
+        # Keras 3 fails under any strategy in places (gradient accumulation,
+        # keras#20582) and under 2+ replicas in more (keras#20585); each fix
+        # is a no-op where its bug cannot show.
+        from mirrorkit import compat
 
-            compat.apply(strategy=strategy)
+        compat.apply(strategy=strategy)
         return strategy
     return _create_multi_worker(tf)
 
