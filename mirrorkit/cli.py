@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from typing import Any
 
 import click
@@ -67,10 +68,27 @@ def cli() -> None:
 def main(argv: list[str] | None = None) -> Any:
     """Entry point of the ``mirrorkit`` console script.
 
+    A usage mistake (an unknown option, ``--epochs abc``) is one line naming
+    the help to read, exit status 2, instead of click's usage block.
+
     Example:
         >>> main(["--help"])                             # doctest: +SKIP
     """
-    return cli.main(args=argv, prog_name="mirrorkit", auto_envvar_prefix="MIRRORKIT")
+    try:
+        code = cli.main(args=argv, prog_name="mirrorkit", auto_envvar_prefix="MIRRORKIT",
+                        standalone_mode=False)
+    except click.UsageError as err:
+        where = err.ctx.command_path if err.ctx is not None else "mirrorkit"
+        click.echo(f"Error: {err.format_message()} (see '{where} --help')", err=True)
+        sys.exit(err.exit_code)
+    except click.ClickException as err:
+        err.show()
+        sys.exit(err.exit_code)
+    except (click.Abort, KeyboardInterrupt, EOFError):
+        click.echo("Aborted!", err=True)
+        sys.exit(1)
+    # Without standalone mode click returns ctx.exit()'s status instead of exiting.
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":  # `python -m mirrorkit.cli`, used by tests and `mirrorkit run`

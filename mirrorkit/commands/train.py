@@ -114,7 +114,13 @@ def build_data_options(kwargs: dict[str, Any]) -> Any:
               help=f"Images per replica per step. Default: {defaults.DEFAULT_PER_REPLICA_BATCH} "
               "(unless --global-batch).")
 @click.option("--global-batch", type=int, default=None,
-              help="Images per step over all replicas; must divide by the replicas.")
+              help="Images per optimizer step over all replicas; must divide by the "
+              "replicas. Above --per-replica-batch x replicas, gradients are accumulated "
+              "over the K micro-batches that make it up (it must divide).")
+@click.option("--accumulate", type=int, default=None, metavar="K",
+              help="Average the gradients of K micro-batches into each optimizer step "
+              "(effective batch = per replica x replicas x K; learning-rate scaling and "
+              "warmup use it). Default: 1, or what --global-batch implies.")
 @click.option("--optimizer", type=click.Choice(defaults.OPTIMIZERS), default="adam",
               show_default=True, help="momentum = SGD with momentum 0.9.")
 @click.option("--lr", type=float, default=None,
@@ -151,6 +157,7 @@ def train(**kwargs: Any) -> None:
       mirrorkit train
       mirrorkit train --simulate-cpus 2 --epochs 5
       mirrorkit train --model resnet20 --dataset synthetic --per-replica-batch 32
+      mirrorkit train --simulate-cpus 2 --per-replica-batch 32 --global-batch 256
       mirrorkit train --dataset tfds:mnist --data-dir ~/tensorflow_datasets
       mirrorkit train --dataset folder:photos/ --image-size 64 --augment
       mirrorkit train --output runs/a --resume

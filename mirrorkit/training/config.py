@@ -50,8 +50,15 @@ class TrainConfig:
         epochs: epochs to train. Defaults to 10 (digits: >= 0.95 val accuracy).
         per_replica_batch: examples per replica per step. Defaults to 32 when
             ``global_batch`` is not given.
-        global_batch: examples per step over all replicas (must divide by
-            the replicas); exclusive with ``per_replica_batch``.
+        global_batch: examples per optimizer step over all replicas (must
+            divide by the replicas). With ``per_replica_batch`` too, a
+            ``global_batch`` above per replica x replicas is reached by
+            accumulating gradients over K = global / (per replica x replicas)
+            micro-batches (it must divide).
+        accumulate: K, micro-batches whose gradients are averaged into one
+            optimizer step (the effective batch is per replica x replicas x
+            K). Defaults to 1, or to what ``global_batch`` and
+            ``per_replica_batch`` imply; given with both, it must agree.
         optimizer: ``sgd``, ``momentum`` (SGD, momentum 0.9) or ``adam`` (default).
         lr: learning rate for a global batch of 32 (:data:`BASE_BATCH`).
             Defaults to 0.05 (sgd), 0.0125 (momentum) or 0.002 (adam; twice
@@ -99,6 +106,7 @@ class TrainConfig:
     epochs: int = DEFAULT_EPOCHS
     per_replica_batch: int | None = None
     global_batch: int | None = None
+    accumulate: int | None = None
     optimizer: str = "adam"
     lr: float | None = None
     lr_scaling: str = "linear"
@@ -120,11 +128,7 @@ class TrainConfig:
             raise ValueError(f"`data` must be a mirrorkit.datasets.DataOptions. "
                              f"Received: data={self.data!r}")
         check_positive_int("epochs", self.epochs)
-        if self.per_replica_batch is not None and self.global_batch is not None:
-            raise ValueError(
-                "Pass at most one of `per_replica_batch` and `global_batch`. Received: "
-                f"per_replica_batch={self.per_replica_batch!r}, global_batch={self.global_batch!r}")
-        for name in ("per_replica_batch", "global_batch", "simulate_cpus"):
+        for name in ("per_replica_batch", "global_batch", "accumulate", "simulate_cpus"):
             if getattr(self, name) is not None:
                 check_positive_int(name, getattr(self, name))
         if self.steps_per_execution is not None:

@@ -150,7 +150,8 @@ def _build_model(run: _Run, data: Any, plan: TrainPlan) -> Any:
                             seed=config.seed)
         # jit_compile=False: XLA fails on logical (simulated) CPU devices, and
         # "auto" must not pick it silently.
-        model.compile(optimizer=_optimizer(config.optimizer, plan.schedule(config)),
+        model.compile(optimizer=_optimizer(config.optimizer, plan.schedule(config),
+                                           plan.accumulate),
                       loss="sparse_categorical_crossentropy", metrics=["accuracy"],
                       steps_per_execution=plan.steps_per_execution, jit_compile=False)
     return model
@@ -172,7 +173,7 @@ def _pipelines(run: _Run, data: Any, plan: TrainPlan) -> tuple[Any, Any]:
 
 
 def _summary(run: _Run, data: Any, plan: TrainPlan, model: Any) -> list[str]:
-    config, runtime, batch = run.config, run.runtime, plan.batch
+    config, runtime = run.config, run.runtime
     reason = f" ({runtime.reason})" if runtime.reason else ""
     workers = f", {runtime.workers} workers" if runtime.is_multi_worker else ""
     return [
@@ -181,15 +182,23 @@ def _summary(run: _Run, data: Any, plan: TrainPlan, model: Any) -> list[str]:
         f"{', augmentation' if config.augment else ''}, {config.precision}, seed {config.seed}",
         f"strategy  {runtime.strategy}, {runtime.replicas} replica"
         f"{'s' if runtime.replicas != 1 else ''}{workers}{reason}",
-        f"batch     {batch.per_replica} per replica x {batch.replicas} = {batch.global_batch} "
-        f"global; {plan.steps} steps per epoch ({plan.steps_per_execution} per call), "
-        f"{config.epochs} epochs",
+        f"batch     {_batch_text(plan)}; {plan.steps} steps per epoch "
+        f"({plan.steps_per_execution} per call), {config.epochs} epochs",
         f"val       per epoch on {plan.val_steps * plan.val_batch.global_batch:,} of "
         f"{data.val_examples:,} images (whole batches of {plan.val_batch.global_batch}); "
         f"final score on all, one device",
         f"lr        {lr_text(config, plan)}",
         f"output    {run.out}{' (resuming from its backup)' if config.resume else ''}",
     ]
+
+
+def _batch_text(plan: TrainPlan) -> str:
+    batch = plan.batch
+    if plan.accumulate == 1:
+        return f"{batch.per_replica} per replica x {batch.replicas} = {batch.global_batch} global"
+    return (f"{batch.per_replica} per replica x {batch.replicas} x {plan.accumulate} = "
+            f"{plan.effective_batch} effective global ({plan.accumulate} accumulated "
+            f"micro-batches of {batch.global_batch} per optimizer step)")
 
 
 def _callbacks(run: _Run, plan: TrainPlan) -> tuple[list[Any], Any]:
@@ -294,7 +303,10 @@ def _metrics(run: _Run, data: Any, plan: TrainPlan, model: Any, history: Any, me
         "workers": runtime.workers,
         "per_replica_batch": batch.per_replica,
         "global_batch": batch.global_batch,
+        "accumulate": plan.accumulate,
+        "effective_batch": plan.effective_batch,
         "steps_per_epoch": plan.steps,
+        "optimizer_steps_per_epoch": plan.steps // plan.accumulate,
         "steps_per_execution": plan.steps_per_execution,
         "optimizer": config.optimizer,
         "base_learning_rate": config.base_lr,
@@ -349,9 +361,13 @@ def _dtype_policy(name: str) -> Iterator[None]:
         keras.config.set_dtype_policy(previous)
 
 
-def _optimizer(name: str, learning_rate: Any) -> Any:
+def _optimizer(name: str, learning_rate: Any, accumulate: int = 1) -> Any:
     import keras
 
+    # Keras's own accumulation; under a strategy the 'gradient-accumulation'
+    # compat fix makes it work (keras#20582).
+    steps = accumulate if accumulate > 1 else None
     if name == "adam":
-        return keras.optimizers.Adam(learning_rate)
-    return keras.optimizers.SGD(learning_rate, momentum=0.9 if name == "momentum" else 0.0)
+        return keras.optimizers.Adam(learning_rate, gradient_accumulation_steps=steps)
+    return keras.optimizers.SGD(learning_rate, momentum=0.9 if name == "momentum" else 0.0,
+                                gradient_accumulation_steps=steps)

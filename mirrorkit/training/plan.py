@@ -26,13 +26,15 @@ class TrainPlan:
     """Everything :func:`make_plan` decides.
 
     Attributes:
-        batch: per-replica and global training batch.
-        steps: training steps per epoch.
-        lr: the learning rate after scaling to the global batch.
-        warmup_steps: steps of linear warmup (0: none).
+        batch: per-replica and global batch of one training step (a micro-batch
+            when gradients are accumulated).
+        steps: training steps (micro-batches) per epoch, a multiple of ``accumulate``.
+        lr: the learning rate after scaling to the effective batch.
+        warmup_steps: optimizer steps of linear warmup (0: none).
         steps_per_execution: training steps per ``tf.function`` call.
         val_batch: the per-epoch validation batch.
         val_steps: per-epoch validation steps.
+        accumulate: micro-batches per optimizer step (1: no accumulation).
 
     Example:
         >>> plan = make_plan(TrainConfig(), train_examples=1437, val_examples=360, replicas=2)
@@ -47,6 +49,19 @@ class TrainPlan:
     steps_per_execution: int
     val_batch: BatchSize
     val_steps: int
+    accumulate: int = 1
+
+    @property
+    def effective_batch(self) -> int:
+        """Examples per optimizer step: per replica x replicas x ``accumulate``.
+
+        Example:
+            >>> plan = make_plan(TrainConfig(accumulate=4), train_examples=1437,
+            ...                  val_examples=360, replicas=2)
+            >>> plan.batch.global_batch, plan.effective_batch, plan.steps
+            (64, 256, 20)
+        """
+        return self.batch.global_batch * self.accumulate
 
     def schedule(self, config: TrainConfig) -> Any:
         """The optimizer's learning rate: ``lr``, or a warmup schedule towards it.
@@ -89,21 +104,79 @@ def make_plan(config: TrainConfig, *, train_examples: int, val_examples: int, re
     """
     from mirrorkit.training.schedules import scale_learning_rate
 
-    batch = resolve_batch(
-        per_replica_batch=None if config.global_batch else
-        (config.per_replica_batch or DEFAULT_PER_REPLICA_BATCH),
-        global_batch=config.global_batch, replicas=replicas)
-    steps = train_examples // batch.global_batch
+    batch, k = resolve_accumulation(config, replicas)
+    # Whole optimizer steps per epoch: the last k-1 micro-batches at most are
+    # left out, as a partial batch is.
+    steps = train_examples // batch.global_batch // k * k
     _require(steps >= 1,
-             f"{name} has {train_examples} training examples, fewer than one global "
-             f"batch ({batch.global_batch}); lower the batch. Received: "
-             f"per_replica_batch={batch.per_replica}, global_batch={batch.global_batch}")
-    lr = scale_learning_rate(config.base_lr, BASE_BATCH, batch.global_batch, config.lr_scaling)
+             f"{name} has {train_examples} training examples, fewer than one effective "
+             f"batch ({batch.global_batch * k}); lower the batch. Received: "
+             f"per_replica_batch={batch.per_replica}, replicas={replicas}, accumulate={k}")
+    _check_accumulation_works(k)
+    lr = scale_learning_rate(config.base_lr, BASE_BATCH, batch.global_batch * k,
+                             config.lr_scaling)
     spe = _steps_per_execution(config, steps, replicas)
     val_batch, val_steps = _validation_plan(batch, val_examples, spe, name)
     return TrainPlan(batch=batch, steps=steps, lr=lr,
-                     warmup_steps=int(round(config.warmup_epochs * steps)),
-                     steps_per_execution=spe, val_batch=val_batch, val_steps=val_steps)
+                     warmup_steps=int(round(config.warmup_epochs * steps / k)),
+                     steps_per_execution=spe, val_batch=val_batch, val_steps=val_steps,
+                     accumulate=k)
+
+
+def resolve_accumulation(config: TrainConfig, replicas: int) -> tuple[BatchSize, int]:
+    """The batch of one step and K, the micro-batches per optimizer step.
+
+    ``global_batch`` with ``per_replica_batch`` asks for K = global / (per
+    replica x replicas); ``global_batch`` with ``accumulate`` splits the
+    global batch into K micro-batches; either alone is as without accumulation.
+
+    Raises:
+        ValueError: the three numbers do not fit (named, with what would).
+
+    Example:
+        >>> batch, k = resolve_accumulation(
+        ...     TrainConfig(per_replica_batch=32, global_batch=256), replicas=2)
+        >>> batch.global_batch, k
+        (64, 4)
+    """
+    b, g, k = config.per_replica_batch, config.global_batch, config.accumulate
+    received = (f"Received: global_batch={g}, per_replica_batch={b}, replicas={replicas}, "
+                f"accumulate={k}")
+    if g is not None and b is not None:
+        step = b * replicas
+        _require(g % step == 0,
+                 f"--global-batch {g} is not --per-replica-batch {b} x {replicas} replicas x "
+                 f"a whole number K of accumulated micro-batches; "
+                 f"{_nearest(g, step)}. {received}")
+        _require(k is None or k == g // step,
+                 f"--accumulate {k} disagrees with --global-batch {g} = {b} per replica x "
+                 f"{replicas} replicas x {g // step}; drop one of them. {received}")
+        return resolve_batch(per_replica_batch=b, replicas=replicas), g // step
+    k = k or 1
+    if g is not None:
+        _require(k == 1 or g % (replicas * k) == 0,
+                 f"--global-batch {g} does not split into {replicas} replicas x {k} "
+                 f"micro-batches; {_nearest(g, replicas * k)}. {received}")
+        return resolve_batch(global_batch=g // k, replicas=replicas), k
+    return resolve_batch(per_replica_batch=b or DEFAULT_PER_REPLICA_BATCH, replicas=replicas), k
+
+
+def _nearest(value: int, unit: int) -> str:
+    low = value // unit * unit
+    return (f"use a multiple of {unit}: {low} or {low + unit}" if low
+            else f"use a multiple of {unit}, e.g. {unit}")
+
+
+def _check_accumulation_works(k: int) -> None:
+    from mirrorkit import compat
+
+    if k > 1 and compat.decisions()["gradient-accumulation"]["status"] in (compat.DISABLED,
+                                                                            compat.UNAVAILABLE):
+        raise ValueError(
+            "Gradient accumulation fails in Keras 3 under tf.distribute (keras#20582) and "
+            "mirrorkit's 'gradient-accumulation' compat fix is off or cannot apply here "
+            "(MIRRORKIT_COMPAT / MIRRORKIT_COMPAT_DISABLE, `mirrorkit info`). "
+            f"Received: accumulate={k}")
 
 
 def lr_text(config: TrainConfig, plan: TrainPlan) -> str:
@@ -114,12 +187,13 @@ def lr_text(config: TrainConfig, plan: TrainPlan) -> str:
         >>> lr_text(TrainConfig(), plan)
         'adam 0.002 for batch 32 -> 0.004 (linear scaling to global batch 64)'
     """
-    global_batch, lr = plan.batch.global_batch, plan.lr
+    global_batch, lr = plan.effective_batch, plan.lr
+    what = "effective batch" if plan.accumulate > 1 else "global batch"
     text = f"{config.optimizer} {config.base_lr:g} for batch {BASE_BATCH}"
     if config.lr_scaling == "none" or global_batch == BASE_BATCH:
-        text += f" -> {lr:g} (not scaled: {config.lr_scaling} rule, global batch {global_batch})"
+        text += f" -> {lr:g} (not scaled: {config.lr_scaling} rule, {what} {global_batch})"
     else:
-        text += f" -> {lr:g} ({config.lr_scaling} scaling to global batch {global_batch})"
+        text += f" -> {lr:g} ({config.lr_scaling} scaling to {what} {global_batch})"
     if plan.warmup_steps:
         text += f", warmup {config.warmup_epochs:g} epochs ({plan.warmup_steps} steps)"
     return text

@@ -92,6 +92,12 @@ def test_two_simulated_replicas_scale_batch_and_lr_and_reject_what_breaks(tmp_pa
             ("odd", ["--global-batch", "33", "--output", "odd"]),
             ("spe", ["--steps-per-execution", "none", "--output", "spe"]),
             ("run", ["--epochs", "8", "--output", "run"]),
+            ("acc", ["--per-replica-batch", "32", "--global-batch", "256", "--epochs", "2",
+                     "--warmup-epochs", "1", "--output", "acc"]),
+            ("acc_uneven", ["--per-replica-batch", "32", "--global-batch", "200",
+                            "--output", "acc_uneven"]),
+            ("acc_disagree", ["--per-replica-batch", "32", "--global-batch", "256",
+                              "--accumulate", "2", "--output", "acc_disagree"]),
         ]:
             r = runner.invoke(cli, ["train", "--simulate-cpus", "2", *args])
             out[name] = [r.exit_code, r.output]
@@ -123,6 +129,28 @@ def test_two_simulated_replicas_scale_batch_and_lr_and_reject_what_breaks(tmp_pa
     assert metrics["learning_rate"] == pytest.approx(0.004)
     assert metrics["val_accuracy"] >= 0.95
 
+    # Gradient accumulation: 256 = 32 per replica x 2 replicas x K=4 micro-batches.
+    code_, text = result["acc"]
+    assert code_ == 0, text[-3000:]
+    assert ("batch     32 per replica x 2 x 4 = 256 effective global (4 accumulated "
+            "micro-batches of 64 per optimizer step); 20 steps per epoch") in text
+    assert "-> 0.016 (linear scaling to effective batch 256), warmup 1 epochs (5 steps)" in text
+    metrics = json.loads((tmp_path / "acc" / "metrics.json").read_text())
+    assert (metrics["accumulate"], metrics["effective_batch"], metrics["global_batch"]) == (
+        4, 256, 64)
+    assert (metrics["steps_per_epoch"], metrics["optimizer_steps_per_epoch"]) == (20, 5)
+    assert metrics["learning_rate"] == pytest.approx(0.016)
+    assert metrics["images_per_second"] > 0
+    code_, text = result["acc_uneven"]
+    assert code_ == 1 and text.strip().startswith(
+        "Error: --global-batch 200 is not --per-replica-batch 32 x 2 replicas x a whole "
+        "number K of accumulated micro-batches; use a multiple of 64: 192 or 256.")
+    code_, text = result["acc_disagree"]
+    assert code_ == 1 and text.strip().startswith(
+        "Error: --accumulate 2 disagrees with --global-batch 256 = 32 per replica x 2 "
+        "replicas x 4")
+    assert not (tmp_path / "acc_uneven").exists() and not (tmp_path / "acc_disagree").exists()
+
 
 # -- bad input: one line, exit 1, nothing lost -------------------------------------
 
@@ -152,6 +180,7 @@ def bad_folders(tmp_path_factory):
     (["--epochs", "0"], "Received: epochs=0"),
     (["--per-replica-batch", "0"], "Received: per_replica_batch=0"),
     (["--global-batch", "-8"], "Received: global_batch=-8"),
+    (["--accumulate", "0"], "Received: accumulate=0"),
     (["--image-size", "big"], "Received: image_size='big'"),
     (["--resume"], "pass --output DIR"),
     (["--model", "resnet50"], "needs images of at least 32x32; the dataset gives 8x8"),
