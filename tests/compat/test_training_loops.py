@@ -5,7 +5,9 @@ runs in a fresh process, one at a time: under plain ``python`` on one device
 (the reference), under plain ``python`` with the CPU split in two (stock
 TensorFlow with the script's own strategy: the upstream failure), under
 ``mirrorkit run --simulate-cpus 2``, with the responsible compat fix disabled
-(the upstream failure again) and under ``mirrorkit launch -n 2``.
+(the upstream failure again) and under ``mirrorkit launch -n 2``. They are
+the training-loop part of the corpus of unmodified scripts
+(``tests/runner/test_corpus.py`` runs the rest).
 
 - custom training loop (``strategy.run`` in a ``tf.function``; optimizer and
   layer variables created in the first traced step): compat fix
@@ -87,6 +89,8 @@ def test_tutorial_custom_training_loop_matches_one_device(tmp_path):
 
 def test_keras_io_gan_trains_under_run_and_launch(tmp_path):
     script = SCRIPTS / "keras_io_gan.py"
+    _ok(_run([PY, script], tmp_path / "plain"))
+    assert json.loads((tmp_path / "plain" / "gan.json").read_text())["d_iterations"] == 16
     _fails_with(_run([*RUN2, script], tmp_path / "off1", MIRRORKIT_COMPAT_DISABLE="no-call-build"),
                 "does not have a `call()` method implemented")
     _fails_with(_run([*RUN2, script], tmp_path / "off2",
@@ -141,6 +145,10 @@ def test_mixed_precision_loop_with_loss_scale_optimizer_matches_plain_python(tmp
     _ok(_run([*RUN2, script], tmp_path / "run"))
     assert _max_diff(_weights(tmp_path / "plain" / "mp_loop_weights.npz"),
                      _weights(tmp_path / "run" / "mp_loop_weights.npz")) < 1e-5
+    _ok(_run([*LAUNCH2, script], tmp_path / "launch"))
+    for name in ("mp_loop_weights.npz", "mp_loop_weights_worker1.npz"):
+        assert _max_diff(_weights(tmp_path / "plain" / "mp_loop_weights.npz"),
+                         _weights(tmp_path / "launch" / name)) < 1e-5
 
 
 CROSS_REPLICA = """
