@@ -14,7 +14,8 @@ module each: :mod:`~mirrorkit.compat.symbolic_build`,
 :mod:`~mirrorkit.compat.step_variables`, :mod:`~mirrorkit.compat.no_call_build`,
 :mod:`~mirrorkit.compat.cross_replica_step`,
 :mod:`~mirrorkit.compat.empty_conv`, :mod:`~mirrorkit.compat.on_batch`,
-:mod:`~mirrorkit.compat.generator_copies`, :mod:`~mirrorkit.compat.accumulation`.
+:mod:`~mirrorkit.compat.generator_copies`, :mod:`~mirrorkit.compat.accumulation`,
+:mod:`~mirrorkit.compat.layer_losses`.
 
 Example:
     >>> sorted(FIXES)[:3]
@@ -33,6 +34,7 @@ from mirrorkit.compat import (
     empty_conv,
     generator_copies,
     known_issues,
+    layer_losses,
     multistep,
     no_call_build,
     on_batch,
@@ -134,6 +136,11 @@ FIXES: dict[str, Fix] = {fix.name: fix for fix in (
         "`merge_call` called while defining a new graph",
         ("keras.src.backend.tensorflow.optimizer", "_backend_apply_gradients", "TFOptimizer"),
         accumulation.make),
+    Fix("layer-losses", "keras-layer-loss-scaling",
+        "a keras.losses.Loss called inside a layer and passed to add_loss is divided by the "
+        "replica count twice, so it trains at 1/N of its strength.",
+        "add_loss of a layer's Loss trains at 1/N",
+        ("keras.src.losses.loss", "reduce_values", None), layer_losses.make),
 )}
 
 # Per process: each fix's decision (probes run once) and the fixes whose
