@@ -76,7 +76,8 @@ class TrainPlan:
         from mirrorkit.training.schedules import WarmupSchedule
 
         return WarmupSchedule(self.lr, self.warmup_steps,
-                              initial_lr=config.base_lr if self.lr > config.base_lr else 0.0)
+                              initial_lr=config.base_lr if self.lr > config.base_lr else 0.0,
+                              steps_per_update=self.accumulate)
 
 
 def make_plan(config: TrainConfig, *, train_examples: int, val_examples: int, replicas: int,

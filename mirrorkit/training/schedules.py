@@ -29,6 +29,8 @@ from typing import Any
 
 import keras
 
+from mirrorkit._checks import check_positive_int
+
 _RULES = ("linear", "sqrt", "none")
 
 
@@ -104,6 +106,10 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
             unscaled rate: pass ``initial_lr=base_lr``.
         offset: whether the wrapped schedule starts counting after the warmup.
             Defaults to True.
+        steps_per_update: batches per optimizer step. Keras evaluates a
+            schedule on every batch, also with ``gradient_accumulation_steps=K``
+            (its documented behaviour); pass K to count ``warmup_steps`` and
+            the wrapped schedule in optimizer steps. Defaults to 1.
 
     Raises:
         ValueError: for a negative or non-integer ``warmup_steps``, a negative
@@ -120,7 +126,7 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     def __init__(self, schedule: float | keras.optimizers.schedules.LearningRateSchedule,
                  warmup_steps: int, *, initial_lr: float = 0.0, offset: bool = True,
-                 name: str = "WarmupSchedule") -> None:
+                 steps_per_update: int = 1, name: str = "WarmupSchedule") -> None:
         super().__init__()
         if isinstance(schedule, dict):
             # A nested config, as get_config writes it.
@@ -146,6 +152,7 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         self.warmup_steps = int(warmup_steps)
         self.initial_lr = float(initial_lr)
         self.offset = bool(offset)
+        self.steps_per_update = check_positive_int("steps_per_update", steps_per_update)
         self.name = name
 
     def _after(self, step: Any) -> Any:
@@ -158,6 +165,8 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     def __call__(self, step: Any) -> Any:
         step = keras.ops.cast(step, "float32")
+        if self.steps_per_update > 1:
+            step = keras.ops.floor(step / self.steps_per_update)
         after = self._after(step)
         if self.warmup_steps == 0:
             return after
@@ -180,7 +189,8 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
             schedule = keras.optimizers.schedules.serialize(schedule)
         return {"schedule": schedule, "warmup_steps": self.warmup_steps,
-                "initial_lr": self.initial_lr, "offset": self.offset, "name": self.name}
+                "initial_lr": self.initial_lr, "offset": self.offset,
+                "steps_per_update": self.steps_per_update, "name": self.name}
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "WarmupSchedule":

@@ -41,6 +41,12 @@ cosine = keras.optimizers.schedules.CosineDecay(0.4, decay_steps=1000)
 out["cosine"] = values(WarmupSchedule(cosine, 100), [0, 50, 100, 600, 1100])
 out["tensor_step"] = round(float(WarmupSchedule(0.4, 100)(keras.ops.convert_to_tensor(50, "int64"))), 6)
 
+# K batches per optimizer step: Keras calls the schedule on every batch.
+per_step = WarmupSchedule(decay, 100, initial_lr=0.1)
+per_batch = WarmupSchedule(decay, 100, initial_lr=0.1, steps_per_update=4)
+out["per_update"] = values(per_batch, [0, 3, 4, 203, 4403]) == values(per_step, [0, 0, 1, 50, 1100])
+out["per_update_config"] = WarmupSchedule.from_config(per_batch.get_config()).steps_per_update
+out["err_per_update"] = errors(lambda: WarmupSchedule(0.1, 5, steps_per_update=0))
 out["err_steps"] = errors(lambda: WarmupSchedule(0.1, -5))
 out["err_steps_float"] = errors(lambda: WarmupSchedule(0.1, 2.5))
 out["err_initial"] = errors(lambda: WarmupSchedule(0.1, 5, initial_lr=-1))
@@ -110,6 +116,10 @@ def test_config_round_trip_with_a_wrapped_schedule(found):
     assert (found["generic_type"], found["wrapped_type"]) == ("WarmupSchedule", "CosineDecay")
 
 
+def test_warmup_counts_optimizer_steps_under_gradient_accumulation(found):
+    assert found["per_update"] and found["per_update_config"] == 4
+
+
 def test_model_compiled_with_warmup_saves_and_reloads(found):
     assert found["loaded_type"] == "WarmupSchedule" and found["loaded_config"]
     assert found["loaded_iterations"] == 2 and found["loaded_weights"]
@@ -124,6 +134,7 @@ def test_model_compiled_with_warmup_saves_and_reloads(found):
     ("err_steps_float", "Received: warmup_steps=2.5"),
     ("err_initial", "Received: initial_lr=-1"),
     ("err_schedule", "Received: schedule='fast'"),
+    ("err_per_update", "Received: steps_per_update=0"),
 ])
 def test_bad_arguments_raise_value_error_naming_the_value(found, key, fragment):
     assert found[key] is not None and fragment in found[key], found[key]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_snippet
 
 from mirrorkit.datasets import DataOptions
 from mirrorkit.training import DEFAULT_LR, TrainConfig, train
@@ -252,3 +253,35 @@ def _cwd(path):
         yield
     finally:
         os.chdir(before)
+
+
+
+ACCUMULATED_WARMUP = """
+import json
+from conftest import run_snippet
+
+from mirrorkit.datasets import DataOptions
+from mirrorkit.training import TrainConfig, train
+result = train(TrainConfig(
+    model="resnet20", dataset="synthetic", optimizer="momentum", warmup_epochs=1,
+    data=DataOptions(image_size=32, channels=3, classes=10, examples=512), epochs=2,
+    steps_per_execution=1, strategy="mirrored", per_replica_batch=32, output="run", {extra}))
+print("RESULT " + json.dumps({{"loss": result.model.history.history["loss"],
+                              "lr": result.metrics["learning_rate"],
+                              "effective_batch": result.metrics["effective_batch"]}}))
+"""
+
+
+@pytest.mark.slow
+def test_accumulated_micro_batches_train_like_the_replicas_they_stand_for(tmp_path):
+    # 4 replicas of 32 against 2 replicas x 2 micro-batches of 32: ResNet-20
+    # (BatchNormalization on the same 32 images either way) with warmup gets
+    # the same learning rate at every optimizer step, so the same losses.
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    four, _ = run_snippet(ACCUMULATED_WARMUP.format(extra="simulate_cpus=4"), tmp_path / "a")
+    two, _ = run_snippet(ACCUMULATED_WARMUP.format(extra="simulate_cpus=2, accumulate=2"),
+                         tmp_path / "b")
+    assert four["effective_batch"] == two["effective_batch"] == 128
+    assert four["lr"] == two["lr"]
+    assert two["loss"] == pytest.approx(four["loss"], abs=1e-4)
