@@ -68,7 +68,8 @@ Saving in multi-worker mode (``mirrorkit launch -- mirrorkit run``): the stock
 ``keras.callbacks.BackupAndRestore``/``ModelCheckpoint``/``TensorBoard``,
 ``Model.save``/``save_weights`` and ``tf.train.Checkpoint``/``CheckpointManager``
 saves write from the chief only, the others to private temporary directories
-(:mod:`mirrorkit.runner.chief_saving`).
+(:mod:`mirrorkit.runner.chief_saving`); ``keras.utils.get_file`` downloads
+one worker at a time per destination (:mod:`mirrorkit.runner.downloads`).
 
 Uneven batches otherwise train fine once :mod:`mirrorkit.compat` is applied,
 which every run does (``MIRRORKIT_COMPAT=off`` opts out): without it Keras 3
@@ -99,7 +100,7 @@ from typing import Callable, Iterator
 
 from mirrorkit import _env
 from mirrorkit.distribute.runtime import Runtime
-from mirrorkit.runner import chief_saving
+from mirrorkit.runner import chief_saving, downloads
 from mirrorkit.runner.config import RunConfig, ScriptFailed, check_script
 from mirrorkit.runner.model_methods import model_methods
 from mirrorkit.runner.scope import ScriptScope
@@ -164,7 +165,8 @@ def run_script(config: RunConfig,
         if on_start is not None:
             on_start(runtime, scale)
         with ScriptScope(strategy, runtime) as scope, _script_sys(path, config.args), \
-                script_strategies(scope), model_methods(scale), chief_saving.installed(runtime):
+                script_strategies(scope), model_methods(scale), chief_saving.installed(runtime), \
+                downloads.installed(runtime):
             _run_path(path)
 
 
