@@ -117,8 +117,11 @@ class SlurmCluster:
             return  # one is running already: share it
         MUNGE_SOCKET.parent.mkdir(parents=True, exist_ok=True)
         shutil.chown(MUNGE_SOCKET.parent, "munge", "munge")
+        # setpriv execs munged as the munge user, so the child we hold is munged
+        # itself and stopping it is one signal and one wait (su would sit between).
         self._munged = subprocess.Popen(
-            ["su", "-s", "/bin/sh", "munge", "-c", f"{_which('munged')} --foreground"],
+            ["setpriv", "--reuid=munge", "--regid=munge", "--init-groups",
+             _which("munged"), "--foreground"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 20
         while not MUNGE_SOCKET.exists():
@@ -138,13 +141,28 @@ class SlurmCluster:
                            + (logs.read_text()[-2000:] if logs.exists() else ""))
 
     def __exit__(self, *exc: object) -> None:
+        pids = []
         for pid_file in reversed(self._started):
             try:
-                os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
+                pids.append(int(pid_file.read_text().strip()))
+                os.kill(pids[-1], signal.SIGTERM)
             except (OSError, ValueError):
                 pass
         self._started.clear()
+        # Wait for them to go, so a cluster started next finds its ports free.
+        deadline = time.monotonic() + 20
+        while pids and time.monotonic() < deadline:
+            pids = [pid for pid in pids if Path(f"/proc/{pid}").exists()
+                    and "zombie" not in _state(pid)]
+            time.sleep(0.2)
         if self._munged is not None:
-            os.killpg(self._munged.pid, signal.SIGTERM)
+            self._munged.terminate()
             self._munged.wait(timeout=10)
             self._munged = None
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0].lower()
+    except (OSError, IndexError):
+        return "zombie"
