@@ -35,6 +35,7 @@ from typing import IO, Any
 
 from mirrorkit import _env
 from mirrorkit.launcher.group import WorkerGroup
+from mirrorkit.launcher.hosts import check_hosts
 from mirrorkit.launcher.spec import LaunchSpec
 from mirrorkit.launcher.state import RunResult, WorkerFailure, WorkerState
 
@@ -112,7 +113,9 @@ def launch(spec: LaunchSpec, *, stdout: IO[str] | None = None,
         A :class:`RunResult`; ``summary()`` explains a failure.
 
     Raises:
-        ValueError: command not found, a fixed port in use, too few GPUs.
+        ValueError: command not found, a fixed port in use, too few GPUs, a
+            host that does not resolve, or a ``node_rank`` whose host is not
+            this machine.
         RuntimeError: a restart could not start the new group.
 
     Example:
@@ -124,6 +127,10 @@ def launch(spec: LaunchSpec, *, stdout: IO[str] | None = None,
         0
     """
     streams = (stdout or sys.stdout, stderr or sys.stderr)
+    if spec.hosts is not None:
+        # A name that does not resolve, or a node rank that is not this
+        # machine, would otherwise surface only at the join timeout.
+        check_hosts(spec.node_addresses()[::spec.nproc], spec.node_rank)
     # One run id for every worker and every restart, so programs that name
     # their output after it (mirrorkit train's default folder) agree.
     run_id = spec.env.get(_env.RUN_ID) or _env.run_id() or time.strftime("%Y%m%d-%H%M%S")

@@ -179,6 +179,13 @@ def test_result_summary_names_root_cause():
     (["-n", "2"], "Error: Missing the command to run"),
     (["-n", "2", "--max-restarts", "-1", "--", "python"], "Error: `max_restarts` must be"),
     (["-n", "2", "--", "no-such-program-xyz"], "Error: Command not found: 'no-such-program-xyz'"),
+    # Multi-node hosts are checked before any worker starts (no join timeout).
+    (["-n", "1", "--hosts", "localhost:7000,no-such-host.invalid:7000", "--", "python", "t.py"],
+     "Error: Host 'no-such-host.invalid' does not resolve"),
+    # 192.0.2.1 (TEST-NET-1) is never an address of this machine.
+    (["-n", "1", "--hosts", "localhost:7000,192.0.2.1:7000", "--node-rank", "1", "--",
+      "python", "t.py"], "Error: --node-rank 1 names '192.0.2.1' (192.0.2.1), which is not "
+     "an address of this machine"),
 ])
 def test_bad_input_is_one_clear_line(args, message):
     result = CliRunner().invoke(cli, ["launch", *args], env={"MIRRORKIT_LAUNCH_NPROC": None})
