@@ -25,6 +25,7 @@ from mirrorkit.distribute.cluster import ClusterSpec, build_tf_config, parse_tf_
 from mirrorkit.distribute.runtime import Runtime
 from mirrorkit.distribute.scope import build, scope, sync_batch_norm
 from mirrorkit.distribute.strategy import describe, get_strategy, select
+from mirrorkit.distribute.sync import weights_in_sync
 
 __version__ = "0.1.0"
 
@@ -57,6 +58,7 @@ __all__ = [
     "sync_batch_norm",
     "train",
     "train_pipeline",
+    "weights_in_sync",
 ]
 
 # Names whose module imports Keras (so TensorFlow); loaded on first access.

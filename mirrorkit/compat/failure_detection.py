@@ -17,6 +17,7 @@ import logging
 from typing import Callable
 
 from mirrorkit import _env
+from mirrorkit.compat import peer_loss
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +105,8 @@ def configure_failure_detection(
     cluster = resolver.cluster_spec()
     if resolver.task_type not in ("chief", "worker") or not cluster.jobs:
         return {}
+    # A lost peer then ends this worker with one line, not a gRPC traceback.
+    peer_loss.install()
     ctx = context.context()
     if ctx.coordination_service is not None or ctx._context_handle is not None:
         # Already configured (idempotent), or too late: the runtime started and

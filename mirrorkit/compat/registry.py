@@ -38,6 +38,7 @@ from mirrorkit.compat import (
     multistep,
     no_call_build,
     on_batch,
+    peer_loss,
     probes,
     scalar_logs,
     step_variables,
@@ -253,6 +254,9 @@ def apply(*, disable: Iterable[str] | None = None, strategy: Any = None) -> dict
             result[name] = DISABLED
         else:
             result[name] = _apply_one(fix, strategy)
+    if peer_loss.installed():
+        # Keras is imported by now: start the clock a lost-peer report quotes.
+        peer_loss.track_progress()
     logger.info("mirrorkit.compat: %s", ", ".join(f"{k}={v}" for k, v in result.items()))
     return result
 

@@ -74,6 +74,14 @@ class WorkerFailure:
         """Shell-style status: the exit code, or 128 + N for signal N."""
         return self.returncode if self.returncode >= 0 else 128 - self.returncode
 
+    @property
+    def lost_peer(self) -> str | None:
+        """The worker's one-line account of a lost peer, when it died of one."""
+        from mirrorkit.compat.peer_loss import MARKER
+
+        found = [line.strip() for line in self.tail if line.strip().startswith(MARKER)]
+        return found[-1] if found else None
+
     def describe(self) -> str:
         """One phrase: who failed and how."""
         how = (f"was killed by {self.signal_name}" if self.signal_name
@@ -125,7 +133,10 @@ class RunResult:
             return (f"stopped by {self.signal} after {self.elapsed:.1f} s; every worker "
                     f"was stopped ({self.restarts} restarts)")
         cause = self.root_cause
-        lines = [f"FAILED after {self.restarts} restart(s) in {self.elapsed:.1f} s.",
+        # A lost peer is the real cause of its survivors' failure: lead with it.
+        lost = [f"worker {cause.rank} reports: {cause.lost_peer}"] if (
+            cause is not None and cause.lost_peer) else []
+        lines = [*lost, f"FAILED after {self.restarts} restart(s) in {self.elapsed:.1f} s.",
                  f"Root cause: {cause.describe()}, the first worker to fail in "
                  f"attempt {cause.restart + 1}." if cause else "Root cause: unknown."]
         for earlier in self.failures[:-1]:

@@ -99,6 +99,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from mirrorkit import _env
+from mirrorkit.compat import peer_loss
 from mirrorkit.distribute.runtime import Runtime
 from mirrorkit.runner import chief_saving, downloads
 from mirrorkit.runner.config import RunConfig, ScriptFailed, check_script
@@ -176,6 +177,11 @@ def _run_path(path: Path) -> None:
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as err:  # noqa: BLE001 -- report any script failure like Python
+        # A lost multi-worker peer is not the script's bug: one line says who
+        # and what, instead of TensorFlow's gRPC traceback.
+        lost = peer_loss.explain(err) if isinstance(err, Exception) else None
+        if lost is not None:
+            raise ScriptFailed(peer_loss.short_report(err, lost)) from None
         raise ScriptFailed(_script_traceback(err, path)) from None
 
 

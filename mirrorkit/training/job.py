@@ -99,6 +99,7 @@ def train(config: TrainConfig | None = None, *, callbacks: Sequence[Any] = (),
     history, meter = _fit(run, model, plan, train_ds, val_ds, callbacks)
     scores = _evaluate_all(model, data, plan.val_batch.global_batch)
     metrics = _metrics(run, data, plan, model, history, meter, scores, started)
+    metrics["weights_in_sync"] = _check_sync(run, model)
     _write_results(run, model, metrics, plan)
     return TrainResult(
         val_accuracy=metrics["val_accuracy"], val_loss=metrics["val_loss"],
@@ -320,6 +321,18 @@ def _metrics(run: _Run, data: Any, plan: TrainPlan, model: Any, history: Any, me
         "images_per_second_by_epoch": meter.rates,
         "wall_time_seconds": round(time.monotonic() - started, 3),
     }
+
+
+def _check_sync(run: _Run, model: Any) -> dict[str, Any]:
+    """Every worker's weights against the chief's (a collective: all workers call it)."""
+    from mirrorkit.distribute.sync import weights_in_sync
+
+    report = weights_in_sync(model, run.strategy)
+    if not report["identical"]:
+        workers = ", ".join(str(i) for i in report["differing_workers"])
+        run.tell(f"warning: after training, the weights of worker(s) {workers} differ from "
+                 "the chief's; the saved model is the chief's (metrics.json weights_in_sync)")
+    return report
 
 
 def _write_results(run: _Run, model: Any, metrics: dict[str, Any], plan: TrainPlan) -> None:

@@ -281,6 +281,8 @@ def test_two_real_workers_read_their_own_shards_and_the_chief_writes_once(source
     metrics = json.loads((out / "metrics.json").read_text())
     assert (metrics["strategy"], metrics["workers"], metrics["replicas"]) == ("multi_worker", 2, 2)
     assert metrics["global_batch"] == 32 and metrics["epochs_run"] == 2
+    assert metrics["weights_in_sync"] == {"workers": 2, "identical": True,
+                                          "differing_workers": []}
     assert len((out / "history.csv").read_text().strip().splitlines()) == 3
 
 
