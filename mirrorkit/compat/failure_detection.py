@@ -106,7 +106,7 @@ def configure_failure_detection(
     if resolver.task_type not in ("chief", "worker") or not cluster.jobs:
         return {}
     # A lost peer then ends this worker with one line, not a gRPC traceback.
-    peer_loss.install()
+    peer_loss.install(heartbeat_timeout=peer)
     ctx = context.context()
     if ctx.coordination_service is not None or ctx._context_handle is not None:
         # Already configured (idempotent), or too late: the runtime started and

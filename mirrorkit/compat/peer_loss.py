@@ -49,6 +49,7 @@ _PEER_ERRORS = ("UnavailableError", "DeadlineExceededError", "AbortedError",
 
 _last_progress: float | None = None
 _installed = False
+_heartbeat_timeout: float | None = None  # seconds, as configured by install()
 
 
 def note_progress() -> None:
@@ -144,7 +145,7 @@ def explain(err: BaseException, *, cluster: Mapping[str, list[str]] | None = Non
         cluster: ``TF_CONFIG``'s cluster. Defaults to this process's ``TF_CONFIG``.
         waited: seconds this worker went without progress. Defaults to the
             progress clock (:func:`note_progress`); without either, the line
-            names the configured heartbeat timeout instead.
+            names the heartbeat timeout given to :func:`install` instead.
 
     Example:
         >>> explain(ValueError("bad")) is None
@@ -163,12 +164,10 @@ def explain(err: BaseException, *, cluster: Mapping[str, list[str]] | None = Non
         waited = seconds_without_progress() if waited is None else waited
         if waited is not None:
             wait = f"no training step finished for {waited:.1f} s"
+        elif _heartbeat_timeout is not None:
+            wait = f"heartbeat timeout {_heartbeat_timeout:g} s"
         else:
-            from mirrorkit import _env
-            from mirrorkit.compat.failure_detection import DEFAULT_PEER_TIMEOUT
-
-            timeout = _env.collective_timeout() or DEFAULT_PEER_TIMEOUT
-            wait = f"heartbeat timeout {timeout:g} s"
+            wait = "TensorFlow's heartbeat timeout"
         return f"{MARKER}{lost} ({what}); {wait}"
     return None
 
@@ -228,17 +227,23 @@ def installed() -> bool:
     return _installed
 
 
-def install() -> None:
+def install(heartbeat_timeout: float | None = None) -> None:
     """End this process with the one-line account if it dies of a lost peer.
 
     Idempotent; called where mirrorkit configures a multi-worker process
     (:func:`mirrorkit.compat.configure_failure_detection`, :func:`mirrorkit.compat.apply`).
     Other exceptions keep Python's (or the program's own) hook.
 
+    Args:
+        heartbeat_timeout: the configured heartbeat timeout (seconds), quoted
+            when no training step was seen. Defaults to None (not quoted).
+
     Example:
-        >>> install()          # doctest: +SKIP
+        >>> install(heartbeat_timeout=10)          # doctest: +SKIP
     """
-    global _installed
+    global _installed, _heartbeat_timeout
+    if heartbeat_timeout is not None:
+        _heartbeat_timeout = float(heartbeat_timeout)
     if not _installed:
         if not getattr(sys.excepthook, "mirrorkit_peer_loss", False):
             sys.excepthook = _excepthook(sys.excepthook)

@@ -80,7 +80,7 @@ def test_the_address_is_matched_through_name_resolution_when_grpc_omits_the_task
 
 def test_without_progress_the_heartbeat_timeout_is_named(monkeypatch):
     monkeypatch.setattr(peer_loss, "_last_progress", None)
-    monkeypatch.setenv("MIRRORKIT_COLLECTIVE_TIMEOUT", "7")
+    monkeypatch.setattr(peer_loss, "_heartbeat_timeout", 7.0)
     line = peer_loss.explain(tf.errors.UnavailableError(None, None, FROZEN), cluster=CLUSTER)
     assert line.endswith("(stopped sending heartbeats); heartbeat timeout 7 s")
 
@@ -108,7 +108,7 @@ def test_a_worker_dying_of_a_lost_peer_ends_with_the_line_not_a_traceback(tmp_pa
     code = (
         "import json, os, tensorflow as tf\n"
         "from mirrorkit.compat import peer_loss\n"
-        "peer_loss.install()\n"
+        "peer_loss.install(heartbeat_timeout=10)\n"
         f"raise tf.errors.UnavailableError(None, None, {FROZEN!r})\n")
     env = {"TF_CONFIG": '{"cluster": {"worker": ["hosta:23400", "hostb:23400"]}, '
                         '"task": {"type": "worker", "index": 0}}'}
@@ -120,7 +120,7 @@ def test_a_worker_dying_of_a_lost_peer_ends_with_the_line_not_a_traceback(tmp_pa
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr, proc.stderr
     assert lines[-1].startswith("mirrorkit: lost peer worker 1 at hostb:23400 "
-                                "(stopped sending heartbeats); heartbeat timeout"), proc.stderr
+                                "(stopped sending heartbeats); heartbeat timeout 10 s"), proc.stderr
     assert lines[-2].startswith("UnavailableError: Collective ops is aborted by:")
 
 
