@@ -63,11 +63,15 @@ def seconds_without_progress() -> float | None:
     return None if _last_progress is None else time.monotonic() - _last_progress
 
 
-def _cluster_from_env() -> dict[str, list[str]]:
+def _tf_config() -> tuple[dict[str, list[str]], tuple[str, int] | None]:
+    """This process's TF_CONFIG cluster and its own task."""
     try:
-        return dict(json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {}))
-    except (ValueError, AttributeError):
-        return {}
+        config = json.loads(os.environ.get("TF_CONFIG", "{}"))
+        task = config.get("task") or {}
+        me = (str(task["type"]), int(task["index"])) if "type" in task else None
+        return dict(config.get("cluster", {})), me
+    except (ValueError, AttributeError, KeyError, TypeError):
+        return {}, None
 
 
 def _leader(cluster: Mapping[str, list[str]]) -> tuple[str, int]:
@@ -100,19 +104,19 @@ def _task_at(cluster: Mapping[str, list[str]], address: str) -> tuple[str, int] 
     return None
 
 
-def _observe(text: str, cluster: Mapping[str, list[str]]) -> tuple[list[tuple[str, int]], str] | None:
+def _observe(text: str, cluster: Mapping[str, list[str]],
+             me: tuple[str, int] | None) -> tuple[list[tuple[str, int]], str] | None:
     """(lost tasks, what was observed) read from a TensorFlow error text."""
+    # gRPC names the task it called: "remote target /job:worker/replica:0/task:1".
+    remote = [(j, int(i)) for j, i in re.findall(r"remote target " + _TASK.pattern, text)]
     found = _UNHEALTHY.search(text)
     if found:
         return ([(j, int(i)) for j, i in _TASK.findall(found.group(1))],
                 "stopped sending heartbeats")
     found = _REFUSED.search(text)
     if found:
-        # gRPC names the task it called ("remote target /job:worker/.../task:1")
-        # and the resolved address it could not reach.
-        named = re.search(r"remote target " + _TASK.pattern, text)
-        task = (named.group(1), int(named.group(2))) if named else _task_at(
-            cluster, found.group(1))
+        # Else the resolved address it could not reach names the task.
+        task = remote[0] if remote else _task_at(cluster, found.group(1))
         return ([task] if task else []), "connection refused"
     if "CoordinationService/Heartbeat" in text and "Deadline Exceeded" in text:
         return [_leader(cluster)], "heartbeat deadline exceeded: the coordination leader is unreachable"
@@ -123,7 +127,8 @@ def _observe(text: str, cluster: Mapping[str, list[str]]) -> tuple[list[tuple[st
                          ("Broken pipe", "connection broken"),
                          ("Deadline Exceeded", "deadline exceeded")):
         if phrase in text:
-            tasks = [(j, int(i)) for j, i in _TASK.findall(text)]
+            # Other task names in the text may be this worker's own devices.
+            tasks = remote or [(j, int(i)) for j, i in _TASK.findall(text) if (j, int(i)) != me]
             return list(dict.fromkeys(tasks)), what
     return None
 
@@ -151,11 +156,12 @@ def explain(err: BaseException, *, cluster: Mapping[str, list[str]] | None = Non
         >>> explain(ValueError("bad")) is None
         True
     """
-    cluster = _cluster_from_env() if cluster is None else cluster
+    env_cluster, me = _tf_config()
+    cluster = env_cluster if cluster is None else cluster
     for each in _errors(err):
         if type(each).__name__ not in _PEER_ERRORS:
             continue
-        seen = _observe(str(each), cluster)
+        seen = _observe(str(each), cluster, me)
         if seen is None:
             continue
         tasks, what = seen

@@ -9,6 +9,7 @@ plus the excepthook, the runner and the launcher summary that use it.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -36,7 +37,8 @@ Additional GRPC error information from remote target /job:worker/replica:0/task:
 error: UNKNOWN: ipv4:10.231.20.2:23400: Failed to connect to remote host: Connection refused", \
 grpc_status:14}"""
 
-RESET = """Collective ops is aborted by: recvmsg:Connection reset by peer
+RESET = """{{function_node __wrapped__CollectiveReduceV2_device_/job:worker/replica:0/task:0/\
+device:CPU:0}} Collective ops is aborted by: recvmsg:Connection reset by peer
 Additional GRPC error information from remote target /job:worker/replica:0/task:1 while calling \
 /tensorflow.WorkerService/RecvBuf:
 :UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:"recvmsg:Connection reset by peer"}"""
@@ -140,3 +142,12 @@ def test_the_launcher_summary_leads_with_the_lost_peer():
     text = RunResult(WorkerState.FAILED, 1, 0, (failure,), {}, None, 3.0).summary()
     assert text.splitlines()[0] == f"worker 0 reports: {line}"
     assert "Root cause: worker 0 (pid 7) exited with code 1" in text
+
+
+def test_this_workers_own_task_is_never_named_lost(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": CLUSTER,
+                                                "task": {"type": "worker", "index": 0}}))
+    text = ("{{function_node __wrapped__X_device_/job:worker/replica:0/task:0/device:CPU:0}} "
+            "Socket closed while talking to /job:worker/replica:0/task:1")
+    line = peer_loss.explain(tf.errors.UnavailableError(None, None, text), waited=2.0)
+    assert line.startswith("mirrorkit: lost peer worker 1 at hostb:23400 (connection closed)")
