@@ -37,10 +37,16 @@ class _LauncherLog(logging.Handler):
               "run the same command on each node with its --node-rank.")
 @click.option("--node-rank", type=int, default=0, show_default=True,
               help="Multi-node: this node's position in --hosts.")
+@click.option("--expose-network", is_flag=True,
+              help="One machine only: let the workers' TensorFlow servers listen on every "
+              "network interface, as plain TensorFlow does. They are unauthenticated: anyone "
+              "who can reach this machine can send them graph operations while the job runs. "
+              "Default: they run in a private network namespace, reachable on its loopback "
+              "only (HTTP(S) downloads still work through the launcher).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def launch(nproc: int | None, max_restarts: int, log_dir: str | None, port: int | None,
            gpus_per_worker: int | None, grace_period: float, hosts: str | None,
-           node_rank: int, command: tuple[str, ...]) -> None:
+           node_rank: int, expose_network: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND as N workers of one multi-worker cluster, restarting on failure.
 
     Each worker gets its TF_CONFIG (worker 0 is the chief) and
@@ -72,7 +78,7 @@ def launch(nproc: int | None, max_restarts: int, log_dir: str | None, port: int 
                           grace_period=grace_period,
                           hosts=None if hosts is None else tuple(
                               h.strip() for h in hosts.split(",") if h.strip()),
-                          node_rank=node_rank)
+                          node_rank=node_rank, expose_network=expose_network)
         log = logging.getLogger("mirrorkit.launcher")
         handler = _LauncherLog()
         log.addHandler(handler)

@@ -36,6 +36,7 @@ from typing import IO, Any
 from mirrorkit import _env
 from mirrorkit.launcher.group import WorkerGroup
 from mirrorkit.launcher.hosts import check_hosts
+from mirrorkit.launcher.isolation import IsolationUnavailable, NetworkIsolation
 from mirrorkit.launcher.spec import LaunchSpec
 from mirrorkit.launcher.state import RunResult, WorkerFailure, WorkerState
 
@@ -89,6 +90,19 @@ class _Signals:
             signal.signal(sig, handler)
 
 
+def _isolate() -> NetworkIsolation | None:
+    """The private network for a single-machine launch, or None (said once) when impossible."""
+    try:
+        isolation = NetworkIsolation.start()
+    except IsolationUnavailable as err:
+        logger.warning("cannot isolate the workers' network here (%s): their TensorFlow "
+                       "servers listen on every interface, as plain TensorFlow's do", err)
+        return None
+    logger.info("workers run in a private network namespace: their servers listen on its "
+                "loopback only; HTTP(S) goes out through the launcher")
+    return isolation
+
+
 def launch(spec: LaunchSpec, *, stdout: IO[str] | None = None,
            stderr: IO[str] | None = None) -> RunResult:
     """Run ``spec.nproc`` workers as one ``TF_CONFIG`` cluster until they finish.
@@ -131,18 +145,29 @@ def launch(spec: LaunchSpec, *, stdout: IO[str] | None = None,
         # A name that does not resolve, or a node rank that is not this
         # machine, would otherwise surface only at the join timeout.
         check_hosts(spec.node_addresses()[::spec.nproc], spec.node_rank)
+        ports = spec.fixed_ports()
+        logger.warning("workers listen on every interface of this machine, port(s) %s, and "
+                       "TensorFlow's traffic is unauthenticated and unencrypted: keep the "
+                       "nodes on a private network or VPN and firewall these ports (README: "
+                       "Security)", f"{ports[0]}-{ports[-1]}" if len(ports) > 1 else ports[0])
     # One run id for every worker and every restart, so programs that name
     # their output after it (mirrorkit train's default folder) agree.
     run_id = spec.env.get(_env.RUN_ID) or _env.run_id() or time.strftime("%Y%m%d-%H%M%S")
     spec = dataclasses.replace(spec, env={**spec.env, _env.RUN_ID: run_id})
     worker_path = spec.env.get("PATH", _env.get("PATH"))
     argv = [_resolve_program(spec.command[0], worker_path), *spec.command[1:]]
+    isolation = None if spec.hosts is not None or spec.expose_network else _isolate()
     start = time.monotonic()
     wake = threading.Event()
     failures: list[WorkerFailure] = []
     restart = 0
     with _Signals(wake) as signals:
-        group = WorkerGroup(spec, restart, argv, streams, wake)
+        try:
+            group = WorkerGroup(spec, restart, argv, streams, wake, isolation)
+        except BaseException:
+            if isolation is not None:
+                isolation.close()
+            raise
         try:
             # The one monitor loop: sleep until a worker exits or a signal
             # arrives (or a tick passes), then decide for the whole group.
@@ -178,7 +203,7 @@ def launch(spec: LaunchSpec, *, stdout: IO[str] | None = None,
                 logger.warning("restarting the whole group (restart %d of %d)",
                                restart, spec.max_restarts)
                 try:
-                    group = WorkerGroup(spec, restart, argv, streams, wake)
+                    group = WorkerGroup(spec, restart, argv, streams, wake, isolation)
                 except (OSError, ValueError) as err:
                     raise RuntimeError(
                         f"Cannot restart the workers: {err} (the previous attempt "
@@ -188,3 +213,5 @@ def launch(spec: LaunchSpec, *, stdout: IO[str] | None = None,
             # Whatever happened above (even a bug or KeyboardInterrupt from a
             # non-main thread), no worker outlives the launcher.
             group.stop(0.0)
+            if isolation is not None:
+                isolation.close()

@@ -20,6 +20,7 @@ from mirrorkit import _env
 from mirrorkit.distribute.cluster import build_tf_config
 from mirrorkit.distribute.devices import cores_each, visible_devices
 from mirrorkit.launcher.bootstrap import SITE_DIR
+from mirrorkit.launcher.isolation import NetworkIsolation
 from mirrorkit.launcher.ports import check_ports_free, free_ports
 from mirrorkit.launcher.process import WorkerProcess, killpg
 from mirrorkit.launcher.spec import LaunchSpec
@@ -55,7 +56,8 @@ class WorkerGroup:
     """The workers of one attempt on this node."""
 
     def __init__(self, spec: LaunchSpec, restart: int, argv: list[str],
-                 streams: tuple[IO[str], IO[str]], wake: threading.Event) -> None:
+                 streams: tuple[IO[str], IO[str]], wake: threading.Event,
+                 isolation: NetworkIsolation | None = None) -> None:
         self.restart = restart
         self.workers: list[WorkerProcess] = []
         self._stopped = False
@@ -66,6 +68,8 @@ class WorkerGroup:
         addresses = spec.node_addresses(ports)
         base_env = _env.snapshot()
         base_env.update(spec.env)
+        if isolation is not None:
+            base_env.update(isolation.env(base_env))
         parent_devices = base_env.get("CUDA_VISIBLE_DEVICES")
         log_dir = Path(spec.log_dir) if spec.log_dir else None
         if log_dir is not None:
@@ -96,8 +100,9 @@ class WorkerGroup:
                     env["CUDA_VISIBLE_DEVICES"] = visible_devices(
                         j, spec.gpus_per_worker, parent_devices)
                 log = log_dir / f"worker-{rank}.log" if log_dir else None
-                self.workers.append(WorkerProcess(rank, argv, env, restart, streams, lock,
-                                            wake, log))
+                self.workers.append(WorkerProcess(
+                    rank, argv, env, restart, streams, lock, wake, log,
+                    enter=isolation.enter if isolation is not None else None))
         except BaseException:
             self.stop(0.0)
             raise

@@ -50,6 +50,19 @@ def _parent_death_hook() -> Callable[[], None] | None:
     return hook
 
 
+def _preexec(*hooks: Callable[[], None] | None) -> Callable[[], None] | None:
+    """One ``preexec_fn`` running ``hooks`` in order (None when there are none)."""
+    active = [hook for hook in hooks if hook is not None]
+    if not active:
+        return None
+
+    def run() -> None:
+        for hook in active:
+            hook()
+
+    return run
+
+
 def final_text(line: str) -> str:
     """What a terminal would finally show for one output line.
 
@@ -79,7 +92,8 @@ class WorkerProcess:
 
     def __init__(self, rank: int, argv: list[str], env: dict[str, str], restart: int,
                  streams: tuple[IO[str], IO[str]], lock: threading.Lock,
-                 wake: threading.Event, log_path: Path | None) -> None:
+                 wake: threading.Event, log_path: Path | None,
+                 enter: Callable[[], None] | None = None) -> None:
         self.rank = rank
         self.restart = restart
         self.state = WorkerState.INIT
@@ -95,7 +109,7 @@ class WorkerProcess:
             self.proc = subprocess.Popen(
                 argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, start_new_session=True,
-                preexec_fn=_parent_death_hook(),
+                preexec_fn=_preexec(_parent_death_hook(), enter),
             )
         except BaseException:
             if self._log is not None:

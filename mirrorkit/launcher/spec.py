@@ -58,6 +58,11 @@ class LaunchSpec:
             ranks ``R*nproc .. R*nproc+nproc-1``. Defaults to None: one node.
         node_rank: this node's position in ``hosts``. Defaults to 0.
         env: extra environment variables for every worker.
+        expose_network: single machine only: let the workers' TensorFlow
+            servers listen on every interface, as plain TensorFlow does.
+            Defaults to False: they run in a private loopback-only network
+            namespace (:mod:`mirrorkit.launcher.isolation`) where the platform
+            allows it. Multi-node launches always listen on the network.
 
     Raises:
         ValueError: for any invalid field, naming it and the value received.
@@ -80,6 +85,7 @@ class LaunchSpec:
     hosts: tuple[str, ...] | None = None
     node_rank: int = 0
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    expose_network: bool = False
 
     def __post_init__(self) -> None:
         # Normalise containers so the frozen spec is really immutable.

@@ -31,8 +31,12 @@ from mirrorkit.launcher import (
     launch,
     visible_devices,
 )
+from mirrorkit.launcher.hosts import is_local_address
 
 FIXTURES = REPO / "tests" / "fixtures"
+# Documentation addresses (RFC 5737); a machine may still own one of them.
+FOREIGN = next(a for a in ("203.0.113.77", "198.51.100.77", "192.0.2.77")
+               if not is_local_address(a))
 ECHO = str(FIXTURES / "launch_echo.py")
 TRAIN = str(FIXTURES / "launch_train.py")
 APP = REPO / "apps" / "multi_worker.py"
@@ -182,9 +186,9 @@ def test_result_summary_names_root_cause():
     # Multi-node hosts are checked before any worker starts (no join timeout).
     (["-n", "1", "--hosts", "localhost:7000,no-such-host.invalid:7000", "--", "python", "t.py"],
      "Error: Host 'no-such-host.invalid' does not resolve"),
-    # 192.0.2.1 (TEST-NET-1) is never an address of this machine.
-    (["-n", "1", "--hosts", "localhost:7000,192.0.2.1:7000", "--node-rank", "1", "--",
-      "python", "t.py"], "Error: --node-rank 1 names '192.0.2.1' (192.0.2.1), which is not "
+    # An address none of this machine's interfaces has (picked below).
+    (["-n", "1", "--hosts", f"localhost:7000,{FOREIGN}:7000", "--node-rank", "1", "--",
+      "python", "t.py"], f"Error: --node-rank 1 names '{FOREIGN}' ({FOREIGN}), which is not "
      "an address of this machine"),
 ])
 def test_bad_input_is_one_clear_line(args, message):

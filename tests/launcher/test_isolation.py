@@ -1,0 +1,211 @@
+"""A single-machine launch exposes nothing to the network; ``--expose-network`` does as before.
+
+While 2 real TensorFlow workers train under ``mirrorkit launch``, every
+process of the job is inspected from the host's network namespace: its
+listening TCP sockets (its file descriptors matched against
+``/proc/<pid>/net/tcp*``) and the namespace they live in. Isolated, every
+listening socket is either on loopback or in a namespace whose only
+interface is ``lo``, and the workers' ports refuse connections on this
+machine's own address; with ``--expose-network`` the workers listen on
+``0.0.0.0`` of the host, as plain TensorFlow's do. Downloads from isolated
+workers still work (through the launcher's proxy), and a multi-host launch
+says what it exposes. Linux only; the namespace needs root or unprivileged
+user namespaces.
+"""
+
+from __future__ import annotations
+
+import http.server
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, clean_env
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="network namespaces are Linux only")
+
+SCRIPT = str(REPO / "tests" / "fixtures" / "launch_train.py")
+MIRRORKIT = [sys.executable, "-m", "mirrorkit"]
+
+
+def _host_address() -> str:
+    """This machine's address on its default route (not loopback)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))   # no packet is sent for UDP connect
+        return probe.getsockname()[0]
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(children.get(current, []))
+    return found
+
+
+def _address(hex_address: str) -> str:
+    raw = bytes.fromhex(hex_address)
+    if len(raw) == 4:
+        return socket.inet_ntop(socket.AF_INET, raw[::-1])
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+    return socket.inet_ntop(socket.AF_INET6, words)
+
+
+def listening(pid: int) -> list[tuple[str, int]]:
+    """(address, port) of every TCP socket process ``pid`` listens on."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:   # 0A: LISTEN
+                address, port = fields[1].split(":")
+                found.append((_address(address), int(port, 16)))
+    return found
+
+
+def interfaces(pid: int) -> set[str]:
+    lines = Path(f"/proc/{pid}/net/dev").read_text().splitlines()[2:]
+    return {line.split(":")[0].strip() for line in lines}
+
+
+def _job(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen, Path]:
+    log = tmp_path / "launch.log"
+    proc = subprocess.Popen(
+        [*MIRRORKIT, "launch", "-n", "2", *flags, "--", "python", SCRIPT, str(tmp_path / "out"),
+         "--epochs", "500"],
+        stdout=open(log, "w"), stderr=subprocess.STDOUT, env=clean_env(), start_new_session=True)
+    deadline = time.monotonic() + 240
+    while log.read_text().count("FIRST_STEP") < 2:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
+    return proc, log
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _refused(address: str, port: int) -> bool:
+    try:
+        socket.create_connection((address, port), timeout=3).close()
+        return False
+    except OSError:
+        return True
+
+
+@pytest.mark.slow
+def test_a_training_launch_listens_on_nothing_the_network_can_reach(tmp_path):
+    host_net = os.readlink("/proc/self/ns/net")
+    proc, log = _job(tmp_path)
+    try:
+        assert "workers run in a private network namespace" in log.read_text(), log.read_text()
+        worker_ports, seen = [], {}
+        for pid in _descendants(proc.pid):
+            try:
+                sockets, net = listening(pid), os.readlink(f"/proc/{pid}/ns/net")
+                names = interfaces(pid)
+            except OSError:
+                continue   # exited meanwhile
+            seen[pid] = (net, names, sockets)
+            if net == host_net:
+                assert all(a in ("127.0.0.1", "::1") for a, _ in sockets), (pid, sockets)
+            else:
+                assert names == {"lo"}, (pid, names)
+                worker_ports += [port for address, port in sockets if address in ("0.0.0.0", "::")]
+        # The workers' gRPC servers exist (TensorFlow binds 0.0.0.0), but in the namespace.
+        assert len(worker_ports) >= 2, seen
+        host = _host_address()
+        assert all(_refused(host, port) for port in worker_ports), (host, worker_ports)
+    finally:
+        _stop(proc)
+
+
+@pytest.mark.slow
+def test_expose_network_restores_tensorflows_own_behaviour(tmp_path):
+    host_net = os.readlink("/proc/self/ns/net")
+    proc, log = _job(tmp_path, "--expose-network")
+    try:
+        assert "private network namespace" not in log.read_text()
+        exposed = [port for pid in _descendants(proc.pid)
+                   if os.path.exists(f"/proc/{pid}") and os.readlink(f"/proc/{pid}/ns/net") == host_net
+                   for address, port in listening(pid) if address in ("0.0.0.0", "::")]
+        assert len(exposed) >= 2, exposed
+        assert not _refused(_host_address(), exposed[0])
+    finally:
+        _stop(proc)
+
+
+def test_isolated_workers_still_download_over_http(tmp_path):
+    (tmp_path / "data.txt").write_text("payload")
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(tmp_path), **kwargs)
+
+        def log_message(self, *args):
+            pass
+
+    # Served on this machine's own address: out of the workers' namespace.
+    server = http.server.ThreadingHTTPServer((_host_address(), 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://{server.server_address[0]}:{server.server_address[1]}/data.txt"
+    code = ("import os, urllib.request\n"
+            f"print('GOT', urllib.request.urlopen({url!r}, timeout=20).read().decode(), "
+            "os.readlink('/proc/self/ns/net'))\n")
+    try:
+        proc = subprocess.run([*MIRRORKIT, "launch", "-n", "2", "--", "python", "-c", code],
+                              capture_output=True, text=True, env=clean_env(), timeout=120)
+    finally:
+        server.shutdown()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = [line for line in proc.stdout.splitlines() if "GOT payload" in line]
+    assert len(got) == 2, proc.stdout + proc.stderr
+    assert os.readlink("/proc/self/ns/net") not in proc.stdout   # ran isolated
+
+
+def test_a_multi_host_launch_says_what_it_exposes(tmp_path):
+    from conftest import consecutive_free_ports
+
+    port = consecutive_free_ports(2)
+    proc = subprocess.run(
+        [*MIRRORKIT, "launch", "-n", "1", "--hosts", f"localhost:{port},localhost:{port + 1}",
+         "--node-rank", "0", "--", "python", "-c", "print('ok')"],
+        capture_output=True, text=True, env=clean_env(), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    warning = [line for line in proc.stderr.splitlines() if "listen on every interface" in line]
+    assert warning == [f"[launch] workers listen on every interface of this machine, port(s) "
+                       f"{port}, and TensorFlow's traffic is unauthenticated and unencrypted: "
+                       "keep the nodes on a private network or VPN and firewall these ports "
+                       "(README: Security)"], proc.stderr
+    assert "private network namespace" not in proc.stderr
