@@ -34,6 +34,8 @@ SLURM_DERIVED = "MIRRORKIT_SLURM_TF_CONFIG"
 COMPAT = "MIRRORKIT_COMPAT"
 JOIN_TIMEOUT = "MIRRORKIT_JOIN_TIMEOUT"
 COMPAT_DISABLE = "MIRRORKIT_COMPAT_DISABLE"
+# Set by `mirrorkit launch` for workers in its private network namespace.
+NETWORK = "MIRRORKIT_NETWORK"
 # TensorFlow's own thread-count variables (read by its C++ runtime).
 TF_INTRA_OP_THREADS = "TF_NUM_INTRAOP_THREADS"
 TF_INTER_OP_THREADS = "TF_NUM_INTEROP_THREADS"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 from typing import Any
 
@@ -69,11 +70,15 @@ def main(argv: list[str] | None = None) -> Any:
     """Entry point of the ``mirrorkit`` console script.
 
     A usage mistake (an unknown option, ``--epochs abc``) is one line naming
-    the help to read, exit status 2, instead of click's usage block.
+    the help to read, exit status 2, instead of click's usage block. The
+    umask gains ``o-w``: run folders, models and logs (also the launched
+    workers') are never world-writable, otherwise as the user's umask says.
 
     Example:
         >>> main(["--help"])                             # doctest: +SKIP
     """
+    # Whatever the umask, nothing mirrorkit or its workers write is world-writable.
+    os.umask(os.umask(0) | 0o002)
     try:
         code = cli.main(args=argv, prog_name="mirrorkit", auto_envvar_prefix="MIRRORKIT",
                         standalone_mode=False)

@@ -157,3 +157,32 @@ def test_documented_import_paths_still_work(run_python):
         print("ok", mirrorkit.scope.__name__, mirrorkit.get_strategy.__name__)
     """)
     assert out.stdout.strip().splitlines()[-1] == "ok scope get_strategy"
+
+
+def _unsafe_calls(tree: ast.AST) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+        if name in ("eval", "exec", "enable_unsafe_deserialization"):
+            found.append(f"{name}() at line {node.lineno}")
+        for keyword in node.keywords:
+            if keyword.arg == "safe_mode" and not (
+                    isinstance(keyword.value, ast.Constant) and keyword.value.value is True):
+                found.append(f"safe_mode={ast.unparse(keyword.value)} at line {node.lineno}")
+    return found
+
+
+def test_unsafe_calls_are_caught():
+    # The control: the checker finds each pattern it is meant to forbid.
+    code = "eval(s)\nkeras.models.load_model(p, safe_mode=False)\n" \
+           "keras.config.enable_unsafe_deserialization()\n"
+    assert len(_unsafe_calls(ast.parse(code))) == 3
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_user_string_is_evaluated_and_models_load_in_safe_mode(module):
+    # README "Security": no eval/exec of strings; Keras's safe mode is never
+    # turned off (a .keras file cannot run code unless the user opts in).
+    assert _unsafe_calls(ast.parse(MODULES[module].read_text())) == [], module

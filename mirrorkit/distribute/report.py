@@ -12,6 +12,7 @@ from __future__ import annotations
 import platform
 from typing import Any
 
+from mirrorkit import _env
 from mirrorkit._version import __version__
 from mirrorkit.compat import known_issues as upstream
 
@@ -49,7 +50,9 @@ def environment_report(*, strategy: str | None = None,
         ``compat_fixes`` (each upstream fix: status, how its need was decided,
         why), ``warnings``,
         and ``slurm`` (this task's place in the step) when the cluster
-        comes from a Slurm step.
+        comes from a Slurm step; a multi-worker task also gets ``cluster``
+        and ``listens`` (where its TensorFlow server will listen and what
+        that exposes).
 
     Raises:
         ValueError: for a malformed ``TF_CONFIG`` or bad option.
@@ -73,6 +76,7 @@ def environment_report(*, strategy: str | None = None,
             "is_chief": spec.is_chief if spec else True,
             "devices": [], "reason": sel.reason, "cluster_source": sel.cluster_source,
             "cluster": spec.to_dict()["cluster"] if spec else None,
+            "listens": listening_note(spec.to_dict()) if spec else None,
         }
     else:
         rt = describe(get_strategy(strategy, simulate_cpus=simulate_cpus))
@@ -92,6 +96,25 @@ def environment_report(*, strategy: str | None = None,
     data["warnings"] = [f"{i.ref}: {i.summary} mirrorkit: {i.handling}"
                         for i in upstream.affecting()]
     return data
+
+
+def listening_note(tf_config: dict[str, Any]) -> str:
+    """Where this task's TensorFlow server listens, and what that exposes.
+
+    Example:
+        >>> listening_note({"cluster": {"worker": ["a:2222", "b:2222"]},
+        ...                 "task": {"type": "worker", "index": 1}}).split(":")[0]
+        'every interface (0.0.0.0) of b, port 2222'
+    """
+    task = tf_config["task"]
+    address = tf_config["cluster"][task["type"]][task["index"]]
+    host, _, port = address.rpartition(":")
+    if _env.get(_env.NETWORK) == "isolated":
+        return (f"port {port} on the loopback of mirrorkit launch's private network namespace: "
+                "not reachable from the network")
+    return (f"every interface (0.0.0.0) of {host}, port {port}: TensorFlow's traffic is "
+            "unauthenticated and unencrypted; use a private network or VPN and firewall "
+            "the workers' ports (README: Security)")
 
 
 def _fixes() -> dict[str, dict[str, str]]:

@@ -108,7 +108,8 @@ def make_output(path: Path) -> None:
         >>> make_output(Path("runs/example"))      # doctest: +SKIP
     """
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        # 0o775 & ~umask: the user's umask, but never world-writable.
+        path.mkdir(mode=0o775, parents=True, exist_ok=True)
         probe = path / ".mirrorkit-write-test"
         probe.write_text("")
         probe.unlink()

@@ -65,6 +65,19 @@ def test_info_describes_a_cluster_without_joining_it():
     assert (data["strategy"], data["workers"], data["task"]) == ("multi_worker", 3, "worker:2")
     assert data["is_chief"] is False
     assert data["reason"] == "TF_CONFIG names 3 workers, this is worker 2"
+    # Where its server will listen, and that the traffic is unauthenticated.
+    assert data["listens"].startswith("every interface (0.0.0.0) of localhost, port 3: "
+                                      "TensorFlow's traffic is unauthenticated")
+
+
+def test_info_in_an_isolated_launch_says_loopback_only(monkeypatch):
+    from mirrorkit.distribute.report import listening_note
+
+    config = {"cluster": {"worker": ["localhost:7", "localhost:8"]},
+              "task": {"type": "worker", "index": 0}}
+    monkeypatch.setenv("MIRRORKIT_NETWORK", "isolated")   # as mirrorkit launch sets it
+    assert listening_note(config).startswith("port 7 on the loopback of mirrorkit launch's "
+                                             "private network namespace")
 
 
 def test_malformed_tf_config_is_one_line_not_a_traceback():

@@ -8,6 +8,8 @@ in this process for every bad input and for each dataset source end to end.
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -30,9 +32,11 @@ def _forget_strategy():
     strategy._reset()
 
 
-def mirrorkit_cmd(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+def mirrorkit_cmd(*args: str, cwd: Path, timeout: float = 300,
+                  umask: int | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mirrorkit", *args], cwd=str(cwd),
-                          env=clean_env(), capture_output=True, text=True, timeout=timeout)
+                          env=clean_env(), capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=None if umask is None else lambda: os.umask(umask))
 
 
 def python_snippet(code: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -55,7 +59,8 @@ def one_error_line(result) -> str:
 # -- the default job -----------------------------------------------------------
 
 def test_default_train_reaches_95_percent_and_model_reloads_in_plain_keras(tmp_path):
-    proc = mirrorkit_cmd("train", "--epochs", "6", cwd=tmp_path)
+    # umask 000 asks for world-writable files; mirrorkit still writes none.
+    proc = mirrorkit_cmd("train", "--epochs", "6", cwd=tmp_path, umask=0)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     for expected in ("dataset   digits: 1,438 train / 359 val images, 8x8x1, 10 classes",
@@ -67,6 +72,9 @@ def test_default_train_reaches_95_percent_and_model_reloads_in_plain_keras(tmp_p
     assert len(runs) == 1 and runs[0].name.endswith("-cnn-digits")
     metrics = json.loads((runs[0] / "metrics.json").read_text())
     assert metrics["val_accuracy"] >= 0.95
+    writable = [p for p in [tmp_path / "runs", *(tmp_path / "runs").rglob("*")]
+                if p.stat().st_mode & stat.S_IWOTH]
+    assert not writable, writable
     assert out.strip().splitlines()[-1].startswith(f"val_accuracy={metrics['val_accuracy']:.4f}")
 
     # A fresh interpreter, Keras alone: no mirrorkit import before load_model.
