@@ -98,8 +98,8 @@ def _isolate() -> NetworkIsolation | None:
         logger.warning("cannot isolate the workers' network here (%s): their TensorFlow "
                        "servers listen on every interface, as plain TensorFlow's do", err)
         return None
-    logger.info("workers run in a private network namespace: their servers listen on its "
-                "loopback only; HTTP(S) goes out through the launcher")
+    logger.debug("workers run in a private network namespace: their servers listen on its "
+                 "loopback only; HTTP(S) goes out through the launcher")
     return isolation
 
 
