@@ -216,7 +216,6 @@ USERNS_LIMIT = Path("/proc/sys/user/max_user_namespaces")
 
 def _as_nobody(tmp_path: Path) -> list[str]:
     """The launcher run by an unprivileged user (the repository and click readable to all)."""
-    import sysconfig
 
     import click
 
