@@ -144,6 +144,11 @@ def build_data_options(kwargs: dict[str, Any]) -> Any:
               help="Run directory. Default: a new runs/<time>-<model>-<dataset>.")
 @click.option("--resume", is_flag=True,
               help="Continue the run in --output from its last epoch backup.")
+@click.option("--target", "targets", multiple=True, metavar="METRIC>=N",
+              help="A goal the run must meet, e.g. 'val_accuracy>=0.95' or "
+              "'wall_time_seconds<=600' (any number in metrics.json; >=, <=, >, <; repeat "
+              "for several). Recorded in metrics.json; a miss prints one line and exits "
+              "with code 3 after every output is written.")
 def train(**kwargs: Any) -> None:
     """Train a vision model on every local device (or as one worker of a TF_CONFIG cluster).
 
@@ -161,6 +166,7 @@ def train(**kwargs: Any) -> None:
       mirrorkit train --dataset tfds:mnist --data-dir ~/tensorflow_datasets
       mirrorkit train --dataset folder:photos/ --image-size 64 --augment
       mirrorkit train --output runs/a --resume
+      mirrorkit train --target 'val_accuracy>=0.95' --target 'wall_time_seconds<=600'
     """
     from mirrorkit import _env
 
@@ -171,4 +177,13 @@ def train(**kwargs: Any) -> None:
 
         data = build_data_options(kwargs)
         config = TrainConfig(data=data, **kwargs)
-        run_training(config, echo=click.echo)
+        result = run_training(config, echo=click.echo)
+    from mirrorkit.training.targets import MISSED_EXIT_CODE, missed_lines
+
+    missed = missed_lines(result.metrics.get("targets", ()))
+    # The chief speaks for the run; under `mirrorkit launch` its exit code 3
+    # (with these lines) means "finished, targets missed", not "restart me".
+    if missed and result.runtime.is_chief:
+        for line in missed:
+            click.echo(line, err=True)
+        raise SystemExit(MISSED_EXIT_CODE)

@@ -39,6 +39,7 @@ from mirrorkit.launcher.hosts import check_hosts
 from mirrorkit.launcher.isolation import IsolationUnavailable, NetworkIsolation
 from mirrorkit.launcher.spec import LaunchSpec
 from mirrorkit.launcher.state import RunResult, WorkerFailure, WorkerState
+from mirrorkit.training.targets import MISSED_EXIT_CODE
 
 logger = logging.getLogger(__name__)
 
@@ -185,8 +186,10 @@ def launch(spec: LaunchSpec, *, stdout: IO[str] | None = None,
                 state = group.observe()
                 if state is WorkerState.SUCCEEDED:
                     group.stop(0.0)
-                    return RunResult(WorkerState.SUCCEEDED, 0, restart, tuple(failures),
-                                     group.states(), None, time.monotonic() - start)
+                    return RunResult(WorkerState.SUCCEEDED,
+                                     MISSED_EXIT_CODE if group.targets_missed else 0, restart,
+                                     tuple(failures), group.states(), None,
+                                     time.monotonic() - start)
                 if state is not WorkerState.FAILED:
                     continue
                 failure = group.first_failure()

@@ -116,6 +116,11 @@ class WorkerGroup:
             return WorkerState.FAILED
         return WorkerState.HEALTHY
 
+    @property
+    def targets_missed(self) -> bool:
+        """A worker finished and reported missed targets (``mirrorkit train --target``)."""
+        return any(w.targets_missed for w in self.workers)
+
     def first_failure(self) -> WorkerFailure:
         failed = [w for w in self.workers if w.state is WorkerState.FAILED]
         return min(failed, key=lambda w: w.exit_time or 0.0).failure()

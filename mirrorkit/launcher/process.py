@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO, Callable
 
 from mirrorkit.launcher.state import WorkerFailure, WorkerState
+from mirrorkit.training.targets import MISSED_EXIT_CODE, MISSED_PREFIX
 
 # Lines of a failed worker's output kept for the root-cause summary.
 TAIL_LINES = 10
@@ -100,6 +101,7 @@ class WorkerProcess:
         self.stopping = False
         self.exit_time: float | None = None
         self.exited = threading.Event()
+        self.targets_missed = False
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._log = None
         self._log_lock = threading.Lock()
@@ -163,11 +165,20 @@ class WorkerProcess:
         if self.exited.is_set() and self.state is WorkerState.HEALTHY:
             if self.proc.returncode == 0:
                 self.state = WorkerState.SUCCEEDED
+            elif self.proc.returncode == MISSED_EXIT_CODE and self._reported_missed_targets():
+                # `mirrorkit train --target`: the run finished; a restart would not help.
+                self.state = WorkerState.SUCCEEDED
+                self.targets_missed = True
             elif self.stopping:
                 self.state = WorkerState.STOPPED
             else:
                 self.state = WorkerState.FAILED
         return self.state
+
+    def _reported_missed_targets(self) -> bool:
+        for thread in self._readers:
+            thread.join(_DRAIN_TIMEOUT)   # its last lines are the report
+        return any(line.startswith(MISSED_PREFIX) for line in self.tail)
 
     def drain(self) -> None:
         """Wait briefly for the last output lines, then close the log file."""

@@ -127,8 +127,9 @@ class RunResult:
     def summary(self) -> str:
         """A human-readable account: outcome, root cause and its last output lines."""
         if self.state is WorkerState.SUCCEEDED:
+            missed = "; target(s) missed, exit code 3" if self.exit_code == 3 else ""
             return (f"all {len(self.worker_states)} worker(s) succeeded in "
-                    f"{self.elapsed:.1f} s ({self.restarts} restarts)")
+                    f"{self.elapsed:.1f} s ({self.restarts} restarts){missed}")
         if self.state is WorkerState.STOPPED:
             return (f"stopped by {self.signal} after {self.elapsed:.1f} s; every worker "
                     f"was stopped ({self.restarts} restarts)")

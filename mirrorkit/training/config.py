@@ -19,6 +19,7 @@ from typing import Any, Sequence
 from mirrorkit.datasets import DataOptions, parse_spec
 from mirrorkit.datasets._base import check_positive_int
 from mirrorkit.training.models import model_spec
+from mirrorkit.training.targets import parse_target
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
@@ -86,6 +87,9 @@ class TrainConfig:
         output: run directory. Defaults to a new ``runs/<time>-<model>-<dataset>``.
             An existing directory holding a run is refused unless ``resume``.
         resume: continue the run in ``output`` from its backup.
+        targets: goals such as ``"val_accuracy>=0.95"`` (any number in
+            metrics.json; operators >=, <=, >, <), checked at the end and
+            recorded in metrics.json's ``targets``. Defaults to none.
 
     Raises:
         ValueError: for any invalid value, naming it (``Received: epochs=0``).
@@ -118,6 +122,7 @@ class TrainConfig:
     simulate_cpus: int | None = None
     output: str | None = None
     resume: bool = False
+    targets: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         from mirrorkit.distribute.selection import KINDS
@@ -149,6 +154,11 @@ class TrainConfig:
         seed = self.seed
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
             raise ValueError(f"`seed` must be an integer >= 0. Received: seed={self.seed!r}")
+        if isinstance(self.targets, str):
+            object.__setattr__(self, "targets", (self.targets,))
+        object.__setattr__(self, "targets", tuple(self.targets or ()))
+        for target in self.targets:
+            parse_target(target)
         if self.resume and not self.output:
             raise ValueError("`resume` continues the run in `output`: pass --output DIR "
                              "(output=...) too. Received: output=None")

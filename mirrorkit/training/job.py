@@ -42,6 +42,7 @@ from mirrorkit.training.output import (
     relaunched_with_backup,
 )
 from mirrorkit.training.plan import TrainPlan, lr_text, make_plan
+from mirrorkit.training.targets import evaluate, parse_target
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +101,8 @@ def train(config: TrainConfig | None = None, *, callbacks: Sequence[Any] = (),
     scores = _evaluate_all(model, data, plan.val_batch.global_batch)
     metrics = _metrics(run, data, plan, model, history, meter, scores, started)
     metrics["weights_in_sync"] = _check_sync(run, model)
+    if run.config.targets:
+        metrics["targets"] = evaluate([parse_target(t) for t in run.config.targets], metrics)
     _write_results(run, model, metrics, plan)
     return TrainResult(
         val_accuracy=metrics["val_accuracy"], val_loss=metrics["val_loss"],

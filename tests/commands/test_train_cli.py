@@ -60,7 +60,8 @@ def one_error_line(result) -> str:
 
 def test_default_train_reaches_95_percent_and_model_reloads_in_plain_keras(tmp_path):
     # umask 000 asks for world-writable files; mirrorkit still writes none.
-    proc = mirrorkit_cmd("train", "--epochs", "6", cwd=tmp_path, umask=0)
+    proc = mirrorkit_cmd("train", "--epochs", "6", "--target", "val_accuracy>=0.95",
+                         "--target", "wall_time_seconds < 3600", cwd=tmp_path, umask=0)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     for expected in ("dataset   digits: 1,438 train / 359 val images, 8x8x1, 10 classes",
@@ -72,6 +73,14 @@ def test_default_train_reaches_95_percent_and_model_reloads_in_plain_keras(tmp_p
     assert len(runs) == 1 and runs[0].name.endswith("-cnn-digits")
     metrics = json.loads((runs[0] / "metrics.json").read_text())
     assert metrics["val_accuracy"] >= 0.95
+    assert [(t["target"], t["met"]) for t in metrics["targets"]] == [
+        ("val_accuracy>=0.95", True), ("wall_time_seconds<3600", True)]
+    # Targets can name every number metrics.json holds, and nothing else.
+    from mirrorkit.training.targets import METRICS
+
+    numbers = {k for k, v in metrics.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    assert numbers <= set(METRICS) and set(METRICS) - numbers <= {"images_per_second_per_replica"}
     writable = [p for p in [tmp_path / "runs", *(tmp_path / "runs").rglob("*")]
                 if p.stat().st_mode & stat.S_IWOTH]
     assert not writable, writable
@@ -201,6 +210,14 @@ def bad_folders(tmp_path_factory):
      "Prepare it with `tfds build mnist --data_dir {root}`, or pass --download"),
     (["--output", "{root}/a-file/run"], "{root}/a-file is a file"),
     (["--output", "{root}/never-ran", "--resume"], "Nothing to resume: no backup in"),
+    (["--output", "{root}/never-ran", "--target", "val_accuracy=0.9"],
+     "A target must read METRIC>=NUMBER (operators >=, <=, >, <), e.g. 'val_accuracy>=0.95'. "
+     "Received: target='val_accuracy=0.9'"),
+    (["--output", "{root}/never-ran", "--target", "val_acc>=0.9"],
+     "Unknown metric 'val_acc' in target 'val_acc>=0.9'; targets can name any number in "
+     "metrics.json: val_accuracy, val_loss"),
+    (["--output", "{root}/never-ran", "--target", "val_loss<nan"],
+     "The threshold of target 'val_loss<nan' must be a finite number. Received: 'nan'"),
 ])
 def test_bad_input_is_one_clear_line(bad_folders, args, expected):
     root = str(bad_folders)
@@ -273,12 +290,19 @@ def test_two_real_workers_read_their_own_shards_and_the_chief_writes_once(source
     """mirrorkit launch -n 2 -- mirrorkit train --dataset files:...: a real 2-process cluster."""
     out = tmp_path / "mw"
     proc = subprocess.run(
-        [sys.executable, "-m", "mirrorkit", "launch", "-n", "2", "--", sys.executable, "-m",
-         "mirrorkit", "train", "--dataset", f"files:{sources / 'shards'}", "--epochs", "2",
-         "--per-replica-batch", "16", "--output", str(out)],
+        [sys.executable, "-m", "mirrorkit", "launch", "-n", "2", "--max-restarts", "1", "--",
+         sys.executable, "-m", "mirrorkit", "train", "--dataset", f"files:{sources / 'shards'}",
+         "--epochs", "2", "--per-replica-batch", "16", "--output", str(out),
+         "--target", "epochs_run>=2", "--target", "val_accuracy>1"],
         cwd=str(tmp_path), env=clean_env(), capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # A missed target under launch: the job's exit code 3, and no restart.
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = proc.stdout + proc.stderr
+    assert "restarting" not in text
+    assert [ln for ln in proc.stderr.splitlines() if "target missed" in ln] == [
+        f"[0] target missed: val_accuracy>1 (measured "
+        f"{json.loads((out / 'metrics.json').read_text())['val_accuracy']:.6g})"]
+    assert "target(s) missed, exit code 3" in proc.stderr
     assert "[0] strategy  multi_worker, 2 replicas, 2 workers" in text
     assert "[1] dataset" not in text and "[1] val_accuracy" not in text  # the chief reports
     assert "ran out of data" not in text
@@ -292,6 +316,8 @@ def test_two_real_workers_read_their_own_shards_and_the_chief_writes_once(source
     assert metrics["weights_in_sync"] == {"workers": 2, "identical": True,
                                           "differing_workers": []}
     assert len((out / "history.csv").read_text().strip().splitlines()) == 3
+    assert [(t["target"], t["met"]) for t in metrics["targets"]] == [
+        ("epochs_run>=2", True), ("val_accuracy>1", False)]
 
 
 # -- apps ------------------------------------------------------------------------
