@@ -89,7 +89,7 @@ class NetworkIsolation:
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                 env={**os.environ, "PYTHONPATH": os.pathsep.join(
                     filter(None, [_package_root(), os.environ.get("PYTHONPATH")]))})
-            line = holder.stdout.readline().strip()
+            line = _first_status_line(holder)
         except OSError as err:
             proxy.close()
             shutil.rmtree(folder, ignore_errors=True)
@@ -140,6 +140,15 @@ class NetworkIsolation:
                 stream.close()
         self._proxy.close()
         shutil.rmtree(self._folder, ignore_errors=True)
+
+
+def _first_status_line(holder: subprocess.Popen) -> str:
+    # A site hook of the interpreter may print first; the holder's line is
+    # the one that starts with READY or UNAVAILABLE ("" if it exits silently).
+    for line in holder.stdout:
+        if line.startswith(("READY ", "UNAVAILABLE ")):
+            return line.strip()
+    return ""
 
 
 def _package_root() -> str:

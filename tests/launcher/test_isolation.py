@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -214,14 +215,14 @@ SYSTEM_PYTHON = Path("/usr/bin/python3")
 USERNS_LIMIT = Path("/proc/sys/user/max_user_namespaces")
 
 
-def _as_nobody(tmp_path: Path) -> list[str]:
+def _as_nobody(tmp_path: Path, first_on_path: Path | None = None) -> list[str]:
     """The launcher run by an unprivileged user (the repository and click readable to all)."""
-
     import click
 
+    path = [str(p) for p in (first_on_path, REPO, Path(click.__file__).parent.parent) if p]
     # The test's own interpreter may live in a folder only root can enter.
     return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "env",
-            f"PYTHONPATH={REPO}{os.pathsep}{Path(click.__file__).parent.parent}",
+            f"PYTHONPATH={os.pathsep.join(path)}",
             f"HOME={tmp_path}", str(SYSTEM_PYTHON), "-m", "mirrorkit", "launch", "-n", "2",
             "--", str(SYSTEM_PYTHON), "-c",
             "import os; print('NET', os.readlink('/proc/self/ns/net'), os.getuid())"]
@@ -245,3 +246,29 @@ def test_an_unprivileged_user_gets_isolation_through_a_user_namespace(tmp_path):
     assert len(nets) == 1 and nets != {os.readlink("/proc/self/ns/net")}, proc.stdout
     assert uids == {"65534"}, proc.stdout   # files stay the user's own
     assert "cannot isolate" not in proc.stderr, proc.stderr
+
+
+@needs_root
+def test_where_a_namespace_cannot_be_made_the_launcher_says_so_in_one_line(tmp_path):
+    # A site hook that starts a thread: the kernel refuses a user namespace to
+    # a multi-threaded process (EINVAL), as it would for such a real hook.
+    # pytest's tmp_path sits in a folder only root may enter: use one nobody can read.
+    site = Path(tempfile.mkdtemp(prefix="mirrorkit-site-"))
+    site.chmod(0o755)
+    (site / "sitecustomize.py").write_text(
+        "import threading, time\n"
+        "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+        "print('a site hook that prints')\n")
+    tmp_path.chmod(0o777)
+    try:
+        proc = subprocess.run(_as_nobody(tmp_path, site), capture_output=True, text=True,
+                              timeout=60, cwd=str(tmp_path))
+    finally:
+        shutil.rmtree(site)
+    assert proc.returncode == 0, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "cannot isolate" in line]
+    assert said == ["[launch] cannot isolate the workers' network here (unshare(CLONE_NEWUSER|"
+                    "CLONE_NEWNET): Invalid argument): their TensorFlow servers listen on every "
+                    "interface, as plain TensorFlow's do"], proc.stderr
+    nets = {line.split()[2] for line in proc.stdout.splitlines() if " NET " in line}
+    assert nets == {os.readlink("/proc/self/ns/net")}, proc.stdout   # ran, not isolated
