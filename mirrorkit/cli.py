@@ -30,7 +30,9 @@ _COMMANDS = {
     "launch": "mirrorkit.commands.launch:launch",
     "tf-config": "mirrorkit.commands.tf_config:tf_config",
     "export": "mirrorkit.commands.export:export",
+    "export-model": "mirrorkit.commands.export_model:export_model",
     "bench": "mirrorkit.commands.bench:bench",
+    "report": "mirrorkit.commands.report:report",
 }
 
 

@@ -9,8 +9,8 @@ import click
 
 # Library errors a user can cause with bad input or environment. Anything else
 # is a bug in mirrorkit and keeps its traceback.
-USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError,
-               RuntimeError, ImportError)
+USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError,
+               PermissionError, RuntimeError, ImportError)
 
 
 @contextlib.contextmanager

@@ -149,6 +149,9 @@ def build_data_options(kwargs: dict[str, Any]) -> Any:
               "'wall_time_seconds<=600' (any number in metrics.json; >=, <=, >, <; repeat "
               "for several). Recorded in metrics.json; a miss prints one line and exits "
               "with code 3 after every output is written.")
+@click.option("--export", type=click.Choice(["saved_model"]), default=None,
+              help="Also write OUTPUT/saved_model: a TensorFlow SavedModel for serving "
+              "(uint8 images of any size in, class probabilities out, preprocessing inside).")
 def train(**kwargs: Any) -> None:
     """Train a vision model on every local device (or as one worker of a TF_CONFIG cluster).
 

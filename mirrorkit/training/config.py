@@ -19,6 +19,7 @@ from typing import Any, Sequence
 from mirrorkit.datasets import DataOptions, parse_spec
 from mirrorkit.datasets._base import check_positive_int
 from mirrorkit.training.models import model_spec
+from mirrorkit.training.serving import check_format
 from mirrorkit.training.targets import parse_target
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
@@ -90,6 +91,8 @@ class TrainConfig:
         targets: goals such as ``"val_accuracy>=0.95"`` (any number in
             metrics.json; operators >=, <=, >, <), checked at the end and
             recorded in metrics.json's ``targets``. Defaults to none.
+        export: also write ``output/saved_model`` for serving (``"saved_model"``:
+            :mod:`mirrorkit.training.serving`), on the chief. Defaults to None.
 
     Raises:
         ValueError: for any invalid value, naming it (``Received: epochs=0``).
@@ -123,6 +126,7 @@ class TrainConfig:
     output: str | None = None
     resume: bool = False
     targets: tuple[str, ...] = ()
+    export: str | None = None
 
     def __post_init__(self) -> None:
         from mirrorkit.distribute.selection import KINDS
@@ -159,6 +163,8 @@ class TrainConfig:
         object.__setattr__(self, "targets", tuple(self.targets or ()))
         for target in self.targets:
             parse_target(target)
+        if self.export is not None:
+            check_format(self.export)
         if self.resume and not self.output:
             raise ValueError("`resume` continues the run in `output`: pass --output DIR "
                              "(output=...) too. Received: output=None")

@@ -1,0 +1,166 @@
+"""What a finished run directory says: a readable summary and a plot, from its files alone.
+
+Reads ``metrics.json`` (config, result, throughput per epoch, targets) and
+``history.csv`` (per-epoch loss and accuracy) that ``mirrorkit train``
+writes; never imports TensorFlow, so ``mirrorkit report`` answers in well
+under a second. Several runs can be summarised and overlaid in one PNG
+(loss, accuracy and images/s over epochs), drawn with matplotlib.
+
+Example:
+    >>> runs = [load_run("runs/a"), load_run("runs/b")]   # doctest: +SKIP
+    >>> print(summary(runs[0]))                            # doctest: +SKIP
+    >>> plot(runs, "report.png")                           # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+_PIP_HINT = 'pip install "mirrorkit[bench]"'
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One run directory's content.
+
+    Attributes:
+        path: the directory.
+        metrics: metrics.json.
+        history: history.csv rows (epoch first), numbers as floats.
+    """
+
+    path: Path
+    metrics: dict[str, Any]
+    history: list[dict[str, float]]
+
+    @property
+    def name(self) -> str:
+        """The directory's name, how the plot's legend calls the run."""
+        return self.path.name
+
+
+def load_run(path: str | os.PathLike) -> Run:
+    """Read a run directory; ``ValueError`` (one line) when it is not one.
+
+    Example:
+        >>> load_run("surely/not/a/run")
+        Traceback (most recent call last):
+        ...
+        ValueError: Not a mirrorkit run: surely/not/a/run has no metrics.json ...
+    """
+    path = Path(path)
+    metrics_file = path / "metrics.json"
+    if not metrics_file.is_file():
+        raise ValueError(f"Not a mirrorkit run: {path} has no metrics.json (a run directory is "
+                         f"what `mirrorkit train --output DIR` wrote). Received: {str(path)!r}")
+    try:
+        metrics = json.loads(metrics_file.read_text())
+    except ValueError as err:
+        raise ValueError(f"{metrics_file} is not valid JSON ({err}). Received: {str(path)!r}") \
+            from err
+    history = []
+    if (path / "history.csv").is_file():
+        with open(path / "history.csv", newline="") as f:
+            for row in csv.DictReader(f):
+                history.append({k: float(v) for k, v in row.items() if _is_number(v)})
+    return Run(path, metrics, history)
+
+
+def _is_number(text: str | None) -> bool:
+    try:
+        float(text)  # type: ignore[arg-type]
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+    if isinstance(value, float):
+        return f"{value:.{digits}f}" if abs(value) < 1e4 else f"{value:,.0f}"
+    return "-" if value is None else str(value)
+
+
+def summary(run: Run) -> str:
+    """A readable account of one run: config, result, targets, throughput per epoch.
+
+    Example:
+        >>> print(summary(load_run("runs/a")))                  # doctest: +SKIP
+    """
+    m = run.metrics
+    lines = [
+        f"run        {run.path}",
+        f"config     {m.get('model')} on {m.get('dataset')}, {m.get('epochs')} epoch(s), "
+        f"{m.get('optimizer')} lr {_fmt(m.get('learning_rate'), 6)}, {m.get('precision')}",
+        f"strategy   {m.get('strategy')}: {m.get('replicas')} replica(s), "
+        f"{m.get('workers')} worker(s); batch {m.get('per_replica_batch')} per replica, "
+        f"{m.get('global_batch')} global"
+        + (f", {m.get('effective_batch')} effective (x{m['accumulate']} accumulated)"
+           if (m.get("accumulate") or 1) > 1 else ""),
+        f"result     val_accuracy {_fmt(m.get('val_accuracy'))}, val_loss "
+        f"{_fmt(m.get('val_loss'))} after {m.get('epochs_run')} epoch(s) in "
+        f"{_fmt(m.get('wall_time_seconds'), 1)} s",
+        f"throughput {_fmt(m.get('images_per_second'), 1)} images/s "
+        f"({_fmt(m.get('images_per_second_per_replica'), 1)} per replica)",
+    ]
+    sync = m.get("weights_in_sync")
+    if sync and sync.get("workers", 1) > 1:
+        lines.append(f"workers    weights {'identical' if sync['identical'] else 'DIFFER'} "
+                     f"on {sync['workers']} workers")
+    for target in m.get("targets", []):
+        lines.append(f"target     {target['target']}: {'met' if target['met'] else 'MISSED'} "
+                     f"(measured {_fmt(target['value'])})")
+    rates = m.get("images_per_second_by_epoch") or []
+    first = int(m.get("initial_epoch") or 0)
+    offset = len(run.history) - len(rates)   # a resumed run measured its last epochs only
+    for i, row in enumerate(run.history):
+        rate = rates[i - offset] if i >= offset else None
+        lines.append(f"epoch {int(row.get('epoch', i + first)) + 1:>4}  "
+                     f"loss {_fmt(row.get('loss'))}  accuracy {_fmt(row.get('accuracy'))}  "
+                     f"val_loss {_fmt(row.get('val_loss'))}  "
+                     f"val_accuracy {_fmt(row.get('val_accuracy'))}  "
+                     f"{_fmt(rate, 1)} images/s")
+    return "\n".join(lines)
+
+
+def plot(runs: list[Run], path: str | os.PathLike) -> Path:
+    """Loss, accuracy and images/s over epochs, one line per run, into a PNG.
+
+    Raises:
+        ImportError: matplotlib missing (the text summary does not need it).
+
+    Example:
+        >>> plot([load_run("runs/a"), load_run("runs/b")], "report.png")   # doctest: +SKIP
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
+    except ImportError as err:
+        raise ImportError(f"The report's PNG needs matplotlib, which is not installed: "
+                          f"{_PIP_HINT}") from err
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4), constrained_layout=True)
+    for run in runs:
+        epochs = [int(r.get("epoch", i)) + 1 for i, r in enumerate(run.history)]
+        for ax, keys in zip(axes[:2], (("loss", "val_loss"), ("accuracy", "val_accuracy"))):
+            for key, style in zip(keys, ("-", "--")):
+                values = [r.get(key) for r in run.history]
+                if any(v is not None for v in values):
+                    ax.plot(epochs, values, style, marker="o", label=f"{run.name} {key}")
+        rates = run.metrics.get("images_per_second_by_epoch") or []
+        axes[2].plot(epochs[len(epochs) - len(rates):], rates, "-", marker="o", label=run.name)
+    for ax, title, ylabel in zip(axes, ("Loss", "Accuracy", "Throughput"),
+                                 ("loss", "accuracy", "training images/s")):
+        ax.set(title=title, xlabel="epoch", ylabel=ylabel)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.legend(fontsize="small")
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
