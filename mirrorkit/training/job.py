@@ -347,7 +347,10 @@ def _write_results(run: _Run, model: Any, metrics: dict[str, Any], plan: TrainPl
     save_model(model, out / "model.keras")
     if run.runtime.is_chief:
         if run.config.export:
-            _export(model, out)
+            from mirrorkit.training.serving import export_saved_model
+
+            # A resumed run replaces its own earlier export.
+            export_saved_model(model, out / "saved_model", replace=True)
         (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     written = ", ".join(n + ("/" if (out / n).is_dir() else "") for n in RUN_FILES
                         if (out / n).exists())
@@ -359,18 +362,6 @@ def _write_results(run: _Run, model: Any, metrics: dict[str, Any], plan: TrainPl
         # deserialize once mirrorkit has registered it.
         run.tell("note: import mirrorkit.schedules before keras.models.load_model of this "
                  "model.keras (its optimizer uses mirrorkit's WarmupSchedule)")
-
-
-def _export(model: Any, out: Path) -> None:
-    """The chief's SavedModel for serving; a resumed run replaces its own earlier one."""
-    import shutil
-
-    from mirrorkit.training.serving import export_saved_model
-
-    target = out / "saved_model"
-    if target.exists():
-        shutil.rmtree(target)
-    export_saved_model(model, target)
 
 
 def _tensorboard_installed() -> bool:

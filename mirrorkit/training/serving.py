@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ def check_format(fmt: str) -> str:
     return fmt
 
 
-def export_saved_model(model: Any, path: str | os.PathLike) -> Path:
+def export_saved_model(model: Any, path: str | os.PathLike, *, replace: bool = False) -> Path:
     """Write ``model`` as a SavedModel with a uint8-images serving signature.
 
     Call it outside ``strategy.scope()``; under a multi-worker strategy, on
@@ -48,13 +49,15 @@ def export_saved_model(model: Any, path: str | os.PathLike) -> Path:
     Args:
         model: a built Keras image classifier with a ``(H, W, C)`` input and a
             softmax output.
-        path: a folder that must not exist yet.
+        path: a folder that must not exist yet, unless ``replace``.
+        replace: remove an existing ``path`` first. Defaults to False.
 
     Returns:
         The folder written.
 
     Raises:
-        FileExistsError: when ``path`` exists (nothing is overwritten).
+        FileExistsError: when ``path`` exists and not ``replace`` (nothing is
+            overwritten).
 
     Example:
         >>> export_saved_model(model, "runs/a/saved_model")      # doctest: +SKIP
@@ -64,6 +67,8 @@ def export_saved_model(model: Any, path: str | os.PathLike) -> Path:
     import tensorflow as tf
 
     path = Path(path)
+    if replace and path.exists():
+        shutil.rmtree(path)
     if path.exists():
         raise FileExistsError(f"The export folder already exists; nothing was overwritten. "
                               f"Received: {path}")
