@@ -259,7 +259,8 @@ def test_sbatch_example_is_valid_bash_and_runs_one_srun_step_per_attempt():
     text = path.read_text()
     assert text.startswith("#!/bin/bash\n") and "#SBATCH --ntasks-per-node=4" in text
     assert "MIRRORKIT_RESTART_COUNT=$attempt srun --kill-on-bad-exit=1" in text
-    assert 'mirrorkit train --epochs 30 --output "$RUN_DIR" $RESUME' in text and "export MIRRORKIT_SLURM_GPUS_PER_TASK=1" in text
+    assert 'mirrorkit train --epochs "$EPOCHS" --output "$RUN_DIR" $RESUME' in text
+    assert "EPOCHS=${EPOCHS:-30}" in text and "export MIRRORKIT_SLURM_GPUS_PER_TASK=1" in text
 
 
 # --- Kubernetes (Kubeflow TFJob) ----------------------------------------------
