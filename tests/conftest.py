@@ -109,3 +109,16 @@ def run_snippet(code: str, directory: Path, *, env: dict[str, str] | None = None
                           capture_output=True, text=True, timeout=timeout, cwd=str(directory))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return result_line(proc.stdout), proc
+
+
+def conv_mis_shapes_empty_batches() -> bool:
+    """Does this CPU show TensorFlow's oneDNN empty-batch convolution bug? (the fix's own probe)
+
+    oneDNN picks its kernels by instruction set: on CPUs without AVX2 empty
+    batches come out right and the upstream failure cannot show.
+    """
+    code = "from mirrorkit.compat import empty_conv; print(empty_conv._kernel_is_broken())"
+    proc = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.strip().splitlines()[-1] == "True"

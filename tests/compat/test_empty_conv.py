@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, clean_env
+from conftest import REPO, clean_env, conv_mis_shapes_empty_batches
 
 SCRIPT = REPO / "tests" / "fixtures" / "scripts" / "predict_evaluate_small.py"
 RUN = [sys.executable, "-m", "mirrorkit", "run", "--simulate-cpus", "2", str(SCRIPT)]
@@ -51,15 +51,6 @@ def _assert_same(reference: dict, got: dict) -> None:
             np.testing.assert_allclose(have, want, rtol=1e-6, atol=1e-6, err_msg=key)
 
 
-def _conv_mis_shapes_empty_batches() -> bool:
-    """The fix's own probe, run in a fresh process: does this CPU show the upstream bug?"""
-    code = "from mirrorkit.compat import empty_conv; print(empty_conv._kernel_is_broken())"
-    proc = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc.stdout.strip().splitlines()[-1] == "True"
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     (out,) = _results([sys.executable, str(SCRIPT)],
@@ -76,7 +67,7 @@ def test_two_local_replicas_match_one_device_and_fail_without_the_fixes(referenc
     (broken,) = _results(RUN, tmp_path / "broken", MIRRORKIT_COMPAT_DISABLE=OFF).values()
     empty_replica = ("predict/one_image", "predict/33_by_32_dataset", "evaluate/one_image",
                      "evaluate/33_by_32", "evaluate/one_dataset")
-    if _conv_mis_shapes_empty_batches():
+    if conv_mis_shapes_empty_batches():
         # TF's oneDNN convolution returns its input for the empty replica's batch.
         for key in empty_replica:
             assert "Incompatible shapes" in broken[key], (key, broken[key])

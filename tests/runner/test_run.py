@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import REPO, clean_env, result_line
+from conftest import REPO, clean_env, conv_mis_shapes_empty_batches, result_line
 
 from mirrorkit.cli import cli
 
@@ -316,7 +316,10 @@ def test_fit_leaves_out_the_examples_that_would_leave_a_replica_empty(runs):
 def test_an_uneven_dataset_is_not_rewritten_and_its_failure_says_why(runs):
     own = json.loads(_lines(runs["own"].stdout, "OWN ")[0])
     notes = own["dataset_conv"]
-    assert len(notes) == 1 and "drop_remainder=True" in notes[0], notes
+    if conv_mis_shapes_empty_batches():
+        assert len(notes) == 1 and "drop_remainder=True" in notes[0], notes
+    else:
+        assert notes == "trained"   # this CPU's kernels shape the empty replica batch right
     assert own["dataset_dense_nan"] is True                  # upstream: silent NaN
     nan_warnings = [line for line in runs["own"].stderr.splitlines()
                     if line.startswith("fit's loss is NaN on 2 replicas")]
