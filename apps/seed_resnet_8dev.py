@@ -30,7 +30,8 @@ PER_REPLICA = 32
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the scenario; ``--output DIR`` to choose where it writes (default: runs/...).
+    """Run the scenario; ``--output DIR`` to choose where it writes (default: runs/...),
+    ``--epochs N`` how long (default 3).
 
     Example:
         >>> main(["--output", "runs/seed"])        # doctest: +SKIP
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     argv = sys.argv[1:] if argv is None else argv
     output = argv[argv.index("--output") + 1] if "--output" in argv else None
+    epochs = int(argv[argv.index("--epochs") + 1]) if "--epochs" in argv else 3
     config = TrainConfig(
         model="resnet20",
         dataset="synthetic",
@@ -45,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         data=DataOptions(image_size=32, channels=3, classes=10,
                          examples=3 * REPLICAS * PER_REPLICA),
         per_replica_batch=PER_REPLICA,
-        epochs=3,
+        epochs=epochs,
         optimizer="momentum",
         warmup_epochs=1,
         # Only used on a CPU-only machine: GPUs, when present, take precedence.

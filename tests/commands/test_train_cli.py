@@ -336,7 +336,8 @@ def test_workstation_app_runs_the_default_job_through_the_library(tmp_path):
 def test_seed_scenario_resnet20_on_8_simulated_devices(tmp_path):
     """32 images per replica, 256 global, 8 replicas; ~70 s, mostly tracing the 8-replica step."""
     proc = subprocess.run([sys.executable, str(REPO / "apps" / "seed_resnet_8dev.py"),
-                           "--output", str(tmp_path / "seed")], cwd=str(tmp_path), env=clean_env(),
+                           "--output", str(tmp_path / "seed"), "--epochs", "1"],
+                          cwd=str(tmp_path), env=clean_env(),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "strategy  mirrored, 8 replicas (simulate_cpus=8 on a CPU-only machine)" in proc.stdout

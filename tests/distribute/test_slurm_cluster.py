@@ -57,11 +57,11 @@ def test_the_sbatch_example_completes(cluster, tmp_path):
     proc = cluster.run(["sbatch", "--wait", "--nodes=1", "--ntasks-per-node=2",
                         "--cpus-per-task=1", "--gpus-per-node=0", f"--output={tmp_path}/job.out",
                         str(REPO / "apps" / "slurm" / "train.sbatch")],
-                       cwd=tmp_path, timeout=500, PATH=PATH, RUN_DIR=str(out), EPOCHS="2",
+                       cwd=tmp_path, timeout=500, PATH=PATH, RUN_DIR=str(out), EPOCHS="1",
                        MAX_RESTARTS="0")
     log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
     assert proc.returncode == 0, proc.stderr[-2000:] + log[-3000:]
-    assert _workers(out)["workers"] == 2 and _workers(out)["epochs_run"] == 2
+    assert _workers(out)["workers"] == 2 and _workers(out)["epochs_run"] == 1
 
 
 def test_a_task_killed_mid_run_ends_the_step_and_says_so(cluster, tmp_path):

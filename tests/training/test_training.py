@@ -264,7 +264,7 @@ from mirrorkit.datasets import DataOptions
 from mirrorkit.training import TrainConfig, train
 result = train(TrainConfig(
     model="resnet20", dataset="synthetic", optimizer="momentum", warmup_epochs=1,
-    data=DataOptions(image_size=32, channels=3, classes=10, examples=512), epochs=2,
+    data=DataOptions(image_size=16, channels=3, classes=10, examples=512), epochs=2,
     steps_per_execution=1, strategy="mirrored", per_replica_batch=32, output="run", {extra}))
 print("RESULT " + json.dumps({{"loss": result.model.history.history["loss"],
                               "lr": result.metrics["learning_rate"],
