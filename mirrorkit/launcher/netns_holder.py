@@ -9,8 +9,9 @@ TensorFlow servers, which always bind ``0.0.0.0``, listen on this private
 loopback only. With ``EGRESS_SOCKET``, it also relays TCP connections made to
 ``127.0.0.1:<relay port>`` inside the namespace to that Unix socket, where the
 launcher's proxy (:mod:`mirrorkit.launcher.egress`) reaches the network for
-the workers' downloads. It lives until its standard input closes (the
-launcher ends or dies). No TensorFlow here: it starts in milliseconds.
+the workers' downloads. It lives until its standard input closes or the
+launcher dies (then it removes the relay's folder, which a SIGKILLed launcher
+could not). No TensorFlow here: it starts in milliseconds.
 
 Example:
     $ python -m mirrorkit.launcher.netns_holder /tmp/x/egress.sock
@@ -22,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -83,9 +85,15 @@ def _relay(server: socket.socket, egress: str) -> None:
 
 def main(argv: list[str]) -> int:
     """Run the holder (see the module docstring)."""
+    if len(argv) > 1:
+        # The launcher removes the relay's private folder when it ends; if it
+        # is killed outright, this process is told (below) and does it instead.
+        folder = os.path.dirname(argv[1])
+        signal.signal(signal.SIGTERM, lambda *_: (shutil.rmtree(folder, ignore_errors=True),
+                                                  os._exit(0)))
     if sys.platform.startswith("linux"):
         # Die with the launcher, even if it is SIGKILLed.
-        _libc().prctl(1, int(signal.SIGKILL))
+        _libc().prctl(1, int(signal.SIGTERM))
     try:
         _unshare()
         _loopback_up()
