@@ -68,9 +68,11 @@ def weights_in_sync(model: Any, strategy: Any = None) -> dict[str, Any]:
     import numpy as np
     import tensorflow as tf
 
+    from mirrorkit.distribute.strategy import describe
+
     strategy = strategy or tf.distribute.get_strategy()
     mine = checksums(model.get_weights())
-    workers = getattr(getattr(strategy, "extended", None), "_num_workers", 1) or 1
+    workers = describe(strategy).workers
     if workers < 2:
         return compare([mine])
     local = tf.constant(mine, dtype=tf.int64)
