@@ -36,6 +36,15 @@ JOIN_TIMEOUT = "MIRRORKIT_JOIN_TIMEOUT"
 COMPAT_DISABLE = "MIRRORKIT_COMPAT_DISABLE"
 # Set by `mirrorkit launch` for workers in its private network namespace.
 NETWORK = "MIRRORKIT_NETWORK"
+# Set by `mirrorkit launch` from its second attempt on: why the group restarted
+# (one line), so the run's event log can record it.
+RESTART_REASON = "MIRRORKIT_RESTART_REASON"
+# Set by `mirrorkit launch --min-workers`: how a resumed run keeps its batch when
+# the worker count changed ("global" or "per-replica").
+ELASTIC_BATCH = "MIRRORKIT_ELASTIC_BATCH"
+# Set by `mirrorkit launch`: a folder where each worker leaves worker-RANK.json
+# (its throughput), read back for the launcher's final summary.
+STATUS_DIR = "MIRRORKIT_STATUS_DIR"
 # TensorFlow's own thread-count variables (read by its C++ runtime).
 TF_INTRA_OP_THREADS = "TF_NUM_INTRAOP_THREADS"
 TF_INTER_OP_THREADS = "TF_NUM_INTEROP_THREADS"
@@ -112,6 +121,24 @@ def restart_count() -> int:
         return max(int(raw), 0)
     except ValueError:
         return 0
+
+
+def restart_reason() -> str | None:
+    """Return ``MIRRORKIT_RESTART_REASON``: why ``mirrorkit launch`` restarted the group, or None."""
+    value = os.environ.get(RESTART_REASON, "").strip()
+    return value or None
+
+
+def elastic_batch() -> str | None:
+    """Return ``MIRRORKIT_ELASTIC_BATCH`` (``global`` or ``per-replica``), or None when unset."""
+    value = os.environ.get(ELASTIC_BATCH, "").strip().lower()
+    return value if value in {"global", "per-replica"} else None
+
+
+def status_dir() -> str | None:
+    """Return ``MIRRORKIT_STATUS_DIR``, where a launched worker reports its throughput, or None."""
+    value = os.environ.get(STATUS_DIR, "").strip()
+    return value or None
 
 
 def run_id() -> str | None:
