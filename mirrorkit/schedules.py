@@ -10,6 +10,10 @@ Example:
     >>> model = keras.models.load_model("runs/a/model.keras")      # doctest: +SKIP
 """
 
-from mirrorkit.training.schedules import WarmupSchedule, scale_learning_rate  # noqa: F401
+from mirrorkit.training.schedules import (  # noqa: F401
+    ScaledSchedule,
+    WarmupSchedule,
+    scale_learning_rate,
+)
 
-__all__ = ["WarmupSchedule", "scale_learning_rate"]
+__all__ = ["ScaledSchedule", "WarmupSchedule", "scale_learning_rate"]

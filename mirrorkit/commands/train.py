@@ -149,6 +149,15 @@ def build_data_options(kwargs: dict[str, Any]) -> Any:
               "'wall_time_seconds<=600' (any number in metrics.json; >=, <=, >, <; repeat "
               "for several). Recorded in metrics.json; a miss prints one line and exits "
               "with code 3 after every output is written.")
+@click.option("--spike-factor", type=float, default=None, metavar="F",
+              help="Also roll back when one step's loss exceeds F times the median of the "
+              "recent steps (F > 1, e.g. 10). Default: only a NaN/inf loss rolls back.")
+@click.option("--max-rollbacks", type=int, default=2, show_default=True, metavar="N",
+              help="On divergence, every worker returns to the last good epoch (weights, "
+              "optimizer, epoch) with a lower learning rate, at most N times; the next "
+              "divergence stops the run. 0: stop at the first.")
+@click.option("--rollback-lr-factor", type=float, default=0.5, show_default=True, metavar="X",
+              help="Each rollback multiplies the learning rate by X (0 < X <= 1).")
 @click.option("--export", type=click.Choice(["saved_model"]), default=None,
               help="Also write OUTPUT/saved_model: a TensorFlow SavedModel for serving "
               "(uint8 images of any size in, class probabilities out, preprocessing inside).")
@@ -157,8 +166,11 @@ def train(**kwargs: Any) -> None:
 
     Prints a summary (data, model, strategy and why, batch, learning rate),
     Keras's progress bar, throughput per epoch and the validation accuracy.
-    Writes model.keras, metrics.json, history.csv and TensorBoard logs/ to
-    --output (in multi-worker runs the chief only).
+    Writes model.keras, metrics.json, history.csv, events.jsonl (the event
+    log) and TensorBoard logs/ to --output (in multi-worker runs the chief
+    only). A diverging loss rolls back to the last good epoch (see
+    --max-rollbacks); with several workers, a worker much slower than the
+    others is named each epoch.
 
     \b
     Examples:
@@ -170,6 +182,7 @@ def train(**kwargs: Any) -> None:
       mirrorkit train --dataset folder:photos/ --image-size 64 --augment
       mirrorkit train --output runs/a --resume
       mirrorkit train --target 'val_accuracy>=0.95' --target 'wall_time_seconds<=600'
+      mirrorkit train --lr 0.05 --spike-factor 10 --max-rollbacks 3
     """
     from mirrorkit import _env
 

@@ -65,17 +65,41 @@ def weights_in_sync(model: Any, strategy: Any = None) -> dict[str, Any]:
         >>> weights_in_sync(model, strategy)["identical"]     # doctest: +SKIP
         True
     """
+    import tensorflow as tf
+
+    strategy = strategy or tf.distribute.get_strategy()
+    return compare(gather_per_worker(checksums(model.get_weights()), strategy, "int64"))
+
+
+def gather_per_worker(values: Sequence[float], strategy: Any = None,
+                      dtype: str = "float64") -> list[list[Any]]:
+    """Every worker's ``values``, in worker order; a collective every worker must call.
+
+    Under ``MultiWorkerMirroredStrategy`` one all-gather brings each worker's
+    row to all of them (row 0 is the chief's). Under any other strategy there
+    is one worker and the result is ``[values]``. All workers must pass the
+    same number of values.
+
+    Args:
+        values: this worker's numbers.
+        strategy: defaults to ``tf.distribute.get_strategy()``.
+        dtype: how they travel (``"int64"`` keeps checksums exact).
+
+    Example:
+        >>> gather_per_worker([0.021], strategy)       # doctest: +SKIP
+        [[0.021], [0.038]]
+    """
     import numpy as np
     import tensorflow as tf
 
     from mirrorkit.distribute.strategy import describe
 
     strategy = strategy or tf.distribute.get_strategy()
-    mine = checksums(model.get_weights())
+    mine = list(values)
     workers = describe(strategy).workers
     if workers < 2:
-        return compare([mine])
-    local = tf.constant(mine, dtype=tf.int64)
+        return [mine]
+    local = tf.constant(mine, dtype=dtype)
 
     @tf.function  # eager collectives are slow and TensorFlow warns about them
     def gather() -> Any:
@@ -84,4 +108,4 @@ def weights_in_sync(model: Any, strategy: Any = None) -> dict[str, Any]:
     gathered = gather().numpy().reshape(-1, len(mine))
     # One row per replica; replicas of one worker are consecutive and alike.
     per_worker = gathered.reshape(workers, -1, len(mine))[:, 0, :]
-    return compare(np.asarray(per_worker).tolist())
+    return np.asarray(per_worker).tolist()

@@ -38,6 +38,31 @@ def _choice(name: str, value: Any, choices: Sequence[str]) -> None:
         raise ValueError(f"Unknown {name}. Valid: {', '.join(choices)}. Received: {name}={value!r}")
 
 
+def check_rollback(max_rollbacks: Any, lr_factor: Any, spike_factor: Any = None) -> None:
+    """Validate the rollback settings (see :class:`TrainConfig`).
+
+    Example:
+        >>> check_rollback(2, 0.5)
+        >>> check_rollback(-1, 0.5)
+        Traceback (most recent call last):
+        ...
+        ValueError: `max_rollbacks` must be an integer >= 0. Received: max_rollbacks=-1
+    """
+    if (isinstance(max_rollbacks, bool) or not isinstance(max_rollbacks, numbers.Integral)
+            or max_rollbacks < 0):
+        raise ValueError(f"`max_rollbacks` must be an integer >= 0. "
+                         f"Received: max_rollbacks={max_rollbacks!r}")
+    if (isinstance(lr_factor, bool) or not isinstance(lr_factor, numbers.Real)
+            or not 0 < lr_factor <= 1):
+        raise ValueError(f"`rollback_lr_factor` must be above 0 and at most 1. "
+                         f"Received: rollback_lr_factor={lr_factor!r}")
+    if spike_factor is not None and (isinstance(spike_factor, bool)
+                                     or not isinstance(spike_factor, numbers.Real)
+                                     or not 1 < spike_factor < math.inf):
+        raise ValueError(f"`spike_factor` must be a number above 1. "
+                         f"Received: spike_factor={spike_factor!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Everything one training run needs; validated on construction (no TensorFlow).
@@ -91,6 +116,14 @@ class TrainConfig:
         targets: goals such as ``"val_accuracy>=0.95"`` (any number in
             metrics.json; operators >=, <=, >, <), checked at the end and
             recorded in metrics.json's ``targets``. Defaults to none.
+        spike_factor: roll back when one call's loss exceeds this many times
+            the median of the recent ones (above 1). Defaults to None: only a
+            NaN/inf loss triggers a rollback.
+        max_rollbacks: divergences to recover from by rolling back to the last
+            good epoch (:mod:`mirrorkit.training.rollback`); the next one stops
+            the run. Defaults to 2; 0 stops at the first.
+        rollback_lr_factor: each rollback multiplies the learning rate by this
+            (above 0, at most 1). Defaults to 0.5.
         export: also write ``output/saved_model`` for serving (``"saved_model"``:
             :mod:`mirrorkit.training.serving`), on the chief. Defaults to None.
 
@@ -127,6 +160,9 @@ class TrainConfig:
     resume: bool = False
     targets: tuple[str, ...] = ()
     export: str | None = None
+    spike_factor: float | None = None
+    max_rollbacks: int = 2
+    rollback_lr_factor: float = 0.5
 
     def __post_init__(self) -> None:
         from mirrorkit.distribute.selection import KINDS
@@ -165,6 +201,7 @@ class TrainConfig:
             parse_target(target)
         if self.export is not None:
             check_format(self.export)
+        check_rollback(self.max_rollbacks, self.rollback_lr_factor, self.spike_factor)
         if self.resume and not self.output:
             raise ValueError("`resume` continues the run in `output`: pass --output DIR "
                              "(output=...) too. Received: output=None")

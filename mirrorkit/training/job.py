@@ -10,6 +10,8 @@ score on every validation example, and write, on the chief only::
     OUTPUT/model.keras      the trained model (keras.models.load_model)
     OUTPUT/metrics.json     val_accuracy, val_loss, batch, lr, throughput, ...
     OUTPUT/history.csv      one row per epoch
+    OUTPUT/events.jsonl     the event log: run start, epochs, stragglers,
+                            rollbacks, restarts, run end (training.events)
     OUTPUT/logs/            TensorBoard
     OUTPUT/backup/          the per-epoch backup ``resume=True`` continues from
                             (removed when training finishes)
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 import json
 import logging
 import time
@@ -33,12 +34,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from mirrorkit.training.config import BASE_BATCH, TrainConfig, TrainResult
+from mirrorkit.training.fit_loop import fit, start_events
 from mirrorkit.training.output import (
     RUN_FILES,
     check_output,
     default_output,
-    has_backup,
-    make_output,
     relaunched_with_backup,
 )
 from mirrorkit.training.plan import TrainPlan, lr_text, make_plan
@@ -79,8 +79,10 @@ def train(config: TrainConfig | None = None, *, callbacks: Sequence[Any] = (),
             output directory that holds a previous run (without ``resume``).
         FileNotFoundError: missing data, or ``resume`` without a backup.
         PermissionError / NotADirectoryError: an output path that cannot be written.
-        RuntimeError: the loss became NaN/inf (the epoch and step are named;
-            the last good backup is kept), or the strategy cannot be created.
+        RuntimeError: the loss diverged (NaN/inf, or a spike above
+            ``config.spike_factor``) more often than ``config.max_rollbacks``
+            rollbacks could repair (the epoch and step are named; the last
+            good backup is kept), or the strategy cannot be created.
 
     Example:
         >>> result = train(TrainConfig(epochs=2), echo=print)   # doctest: +SKIP
@@ -97,13 +99,21 @@ def train(config: TrainConfig | None = None, *, callbacks: Sequence[Any] = (),
     train_ds, val_ds = _pipelines(run, data, plan)
     for line in _summary(run, data, plan, model):
         run.tell(line)
-    history, meter = _fit(run, model, plan, train_ds, val_ds, callbacks)
-    scores = _evaluate_all(model, data, plan.val_batch.global_batch)
-    metrics = _metrics(run, data, plan, model, history, meter, scores, started)
-    metrics["weights_in_sync"] = _check_sync(run, model)
-    if run.config.targets:
-        metrics["targets"] = evaluate([parse_target(t) for t in run.config.targets], metrics)
-    _write_results(run, model, metrics, plan)
+    events = start_events(run, plan)
+    fitted = fit(run, model, plan, train_ds, val_ds, callbacks, events)
+    try:
+        scores = _evaluate_all(model, data, plan.val_batch.global_batch)
+        metrics = _metrics(run, data, plan, model, fitted, scores, started)
+        metrics["weights_in_sync"] = _check_sync(run, model)
+        if run.config.targets:
+            metrics["targets"] = evaluate([parse_target(t) for t in run.config.targets], metrics)
+        _write_results(run, model, metrics, plan)
+    except BaseException as err:
+        events.write("run_end", status="failed", error=str(err) or type(err).__name__)
+        raise
+    events.write("run_end", status="finished", val_accuracy=metrics["val_accuracy"],
+                 val_loss=metrics["val_loss"], wall_time_seconds=metrics["wall_time_seconds"],
+                 rollbacks=len(metrics["incidents"]), targets=metrics.get("targets"))
     return TrainResult(
         val_accuracy=metrics["val_accuracy"], val_loss=metrics["val_loss"],
         epochs=run.config.epochs, epochs_run=metrics["epochs_run"],
@@ -205,61 +215,6 @@ def _batch_text(plan: TrainPlan) -> str:
             f"micro-batches of {batch.global_batch} per optimizer step)")
 
 
-def _callbacks(run: _Run, plan: TrainPlan) -> tuple[list[Any], Any]:
-    import keras
-
-    from mirrorkit.training.callbacks import BackupAndRestore, TensorBoard
-    from mirrorkit.training.metering import NonFiniteLossGuard, ThroughputMeter
-
-    chief, out = run.runtime.is_chief, run.out
-    meter = ThroughputMeter(plan.batch.global_batch, plan.batch.replicas, report=run.tell)
-    # Order matters at epoch end: the progress bar prints first, the meter then
-    # adds throughput to the logs the CSV and TensorBoard writers record.
-    own: list[Any] = [NonFiniteLossGuard()]
-    if chief:
-        own.append(keras.callbacks.ProgbarLogger())
-    own.append(meter)
-    if chief:
-        own.append(keras.callbacks.CSVLogger(str(out / "history.csv"), append=run.config.resume))
-    if _tensorboard_installed():
-        own.append(TensorBoard(log_dir=str(out / "logs")))
-    else:
-        run.tell("logs      no TensorBoard logs: the tensorboard package is not installed "
-                 "(pip install tensorboard)")
-    own.append(BackupAndRestore(backup_dir=str(out / "backup")))
-    return own, meter
-
-
-def _fit(run: _Run, model: Any, plan: TrainPlan, train_ds: Any, val_ds: Any,
-         extra: Sequence[Any]) -> tuple[Any, Any]:
-    from mirrorkit.training.metering import NonFiniteLossError
-
-    if run.runtime.is_chief:
-        make_output(run.out)
-    own, meter = _callbacks(run, plan)
-    out, config = run.out, run.config
-    try:
-        # shuffle=False: the pipeline already shuffles (Keras would only warn).
-        history = model.fit(train_ds, epochs=config.epochs, steps_per_epoch=plan.steps,
-                            validation_data=val_ds, validation_steps=plan.val_steps,
-                            callbacks=own + list(extra),
-                            verbose=1 if run.runtime.is_chief else 0, shuffle=False)
-    except NonFiniteLossError as err:
-        kept = (f"the backup of epoch {err.last_good_epoch} in {out / 'backup'} is kept; "
-                f"continue with --resume after fixing the cause"
-                if err.last_good_epoch or has_backup(out / "backup")
-                else "no epoch had finished, so there is no backup")
-        raise RuntimeError(
-            f"Training stopped: {err}; {kept}. Lower the learning rate (--lr {config.base_lr:g} "
-            f"was scaled to {plan.lr:g}) or check the data for NaN/inf values.") from err
-    except KeyboardInterrupt:
-        # Leading newline: Keras's progress bar leaves the cursor mid-line.
-        run.tell(f"\ninterrupted: the last epoch backup is in {out / 'backup'}; continue with "
-                 f"--resume --output {out}")
-        raise
-    return history, meter
-
-
 def _evaluate_all(model: Any, data: Any, batch_size: int) -> dict[str, float]:
     """Loss and accuracy on every validation example, on this process's first device.
 
@@ -281,16 +236,17 @@ def _evaluate_all(model: Any, data: Any, batch_size: int) -> dict[str, float]:
     return copy.evaluate(ds, return_dict=True, verbose=0)
 
 
-def _metrics(run: _Run, data: Any, plan: TrainPlan, model: Any, history: Any, meter: Any,
+def _metrics(run: _Run, data: Any, plan: TrainPlan, model: Any, fitted: Any,
              scores: dict[str, float], started: float) -> dict[str, Any]:
     config, runtime, batch = run.config, run.runtime, plan.batch
+    meter, epochs = fitted.meter, fitted.epoch
     ips = meter.images_per_second
     return {
         "val_accuracy": float(scores["accuracy"]),
         "val_loss": float(scores["loss"]),
         "epochs": config.epochs,
-        "epochs_run": len(history.epoch),
-        "initial_epoch": history.epoch[0] if history.epoch else config.epochs,
+        "epochs_run": len(epochs),
+        "initial_epoch": epochs[0] if epochs else config.epochs,
         "dataset": data.name,
         "train_examples": data.train_examples,
         "val_examples": data.val_examples,
@@ -322,6 +278,11 @@ def _metrics(run: _Run, data: Any, plan: TrainPlan, model: Any, history: Any, me
         "images_per_second": ips,
         "images_per_second_per_replica": ips / batch.replicas if ips else None,
         "images_per_second_by_epoch": meter.rates,
+        "per_worker": fitted.monitor.epochs,
+        "incidents": fitted.rollback.incidents,
+        "spike_factor": config.spike_factor,
+        "max_rollbacks": config.max_rollbacks,
+        "rollback_lr_factor": config.rollback_lr_factor,
         "wall_time_seconds": round(time.monotonic() - started, 3),
     }
 
@@ -362,12 +323,6 @@ def _write_results(run: _Run, model: Any, metrics: dict[str, Any], plan: TrainPl
         # deserialize once mirrorkit has registered it.
         run.tell("note: import mirrorkit.schedules before keras.models.load_model of this "
                  "model.keras (its optimizer uses mirrorkit's WarmupSchedule)")
-
-
-def _tensorboard_installed() -> bool:
-    # tf.summary's writers live in the tensorboard package, which TensorFlow
-    # does not require; without it the TensorBoard callback fails mid-epoch.
-    return importlib.util.find_spec("tensorboard") is not None
 
 
 @contextlib.contextmanager

@@ -112,6 +112,8 @@ class NonFiniteLossError(RuntimeError):
         first_step: with several steps per call, the call's first step: the
             loss turned bad somewhere in ``first_step..step``. Else ``step``.
         value: the loss value seen (``nan``, ``inf`` or ``-inf``).
+        cause: ``"nan"`` or ``"inf"`` (``"spike"`` for
+            :class:`~mirrorkit.training.divergence.LossSpikeError`).
         last_good_epoch: the last epoch that finished with a finite loss (0 if none).
 
     Example:
@@ -124,6 +126,7 @@ class NonFiniteLossError(RuntimeError):
     def __init__(self, epoch: int, step: int, value: float, last_good_epoch: int,
                  first_step: int | None = None) -> None:
         self.epoch, self.step, self.value = epoch, step, value
+        self.cause = "nan" if math.isnan(value) else "inf"
         self.first_step = step if first_step is None else first_step
         self.last_good_epoch = last_good_epoch
         where = (f"step {step}" if self.first_step == step else

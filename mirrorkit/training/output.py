@@ -20,7 +20,8 @@ from mirrorkit.datasets import parse_spec
 from mirrorkit.training.config import TrainConfig
 
 # What a finished or interrupted run leaves in its output directory.
-RUN_FILES = ("model.keras", "metrics.json", "history.csv", "logs", "backup", "saved_model")
+RUN_FILES = ("model.keras", "metrics.json", "history.csv", "events.jsonl", "logs", "backup",
+             "saved_model")
 
 
 def _slug(text: str) -> str:

@@ -205,3 +205,44 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         schedule = config.pop("schedule")
         warmup_steps = config.pop("warmup_steps")
         return cls(schedule, warmup_steps, **config)
+
+
+@keras.saving.register_keras_serializable(package="mirrorkit")
+class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """Another schedule's rate times a constant factor (what a rollback's lower rate is).
+
+    ``mirrorkit train`` wraps the optimizer's schedule in one when it rolls
+    back a diverging run (:mod:`mirrorkit.training.rollback`): the schedule
+    keeps its shape, at ``factor`` times the height.
+
+    Args:
+        schedule: a ``keras.optimizers.schedules.LearningRateSchedule`` (or
+            its serialized config).
+        factor: the multiplier, above 0.
+
+    Example:
+        >>> inner = WarmupSchedule(0.4, warmup_steps=10)
+        >>> round(float(ScaledSchedule(inner, 0.5)(20)), 6)
+        0.2
+    """
+
+    def __init__(self, schedule: Any, factor: float, name: str = "ScaledSchedule") -> None:
+        super().__init__()
+        if isinstance(schedule, dict):
+            schedule = keras.optimizers.schedules.deserialize(schedule)
+        self.schedule = schedule
+        self.factor = _positive_number("factor", factor)
+        self.name = name
+
+    def __call__(self, step: Any) -> Any:
+        return keras.ops.cast(self.schedule(step), "float32") * self.factor
+
+    def get_config(self) -> dict[str, Any]:
+        """Return the constructor arguments, the wrapped schedule serialized.
+
+        Example:
+            >>> ScaledSchedule(WarmupSchedule(0.1, 10), 0.5).get_config()["factor"]
+            0.5
+        """
+        return {"schedule": keras.optimizers.schedules.serialize(self.schedule),
+                "factor": self.factor, "name": self.name}

@@ -187,8 +187,9 @@ def test_nan_loss_stops_at_the_step_keeps_the_good_backup_and_resume_continues(t
     from mirrorkit.training.models import build_model
 
     out = tmp_path / "nan"
-    # One step per call, so a callback can poison exactly step 3.
-    config = TrainConfig(epochs=3, output=str(out), steps_per_execution=1)
+    # One step per call, so a callback can poison exactly step 3; no rollback:
+    # this is the stop (tests/training/test_rollback.py has the rollbacks).
+    config = TrainConfig(epochs=3, output=str(out), steps_per_execution=1, max_rollbacks=0)
     with pytest.raises(RuntimeError) as info:
         train(config, callbacks=[_poison_at(epoch=2, step=3)])
     text = str(info.value)
@@ -224,7 +225,7 @@ def test_a_relaunched_group_resumes_without_being_told(tmp_path):
         # Automatic steps per call (11 of 44 steps): the loss turns bad in the
         # first call of epoch 2, and the error names the call's steps.
         with pytest.raises(RuntimeError, match="loss became nan at epoch 2, in steps 1-11"):
-            train(TrainConfig(epochs=3), callbacks=[_poison_at(epoch=2, step=1)])
+            train(TrainConfig(epochs=3, max_rollbacks=0), callbacks=[_poison_at(epoch=2, step=1)])
         out = tmp_path / "runs" / "job42-cnn-digits"
         assert (out / "backup").is_dir()
         with _env.patch({_env.RESTART_COUNT: "1"}):
@@ -238,7 +239,8 @@ def test_a_relaunch_before_any_backup_starts_over_in_the_same_folder(tmp_path):
 
     out = tmp_path / "run"
     with pytest.raises(RuntimeError, match="no epoch had finished"):
-        train(TrainConfig(epochs=2, output=str(out)), callbacks=[_poison_at(epoch=1, step=12)])  # 2nd call
+        train(TrainConfig(epochs=2, output=str(out), max_rollbacks=0),
+              callbacks=[_poison_at(epoch=1, step=12)])  # 2nd call
     assert (out / "history.csv").exists() and not (out / "backup").exists()
     with _env.patch({_env.RESTART_COUNT: "1"}):
         result = train(TrainConfig(epochs=1, output=str(out)))
