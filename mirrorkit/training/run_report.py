@@ -1,8 +1,9 @@
 """What a finished run directory says: a readable summary and a plot, from its files alone.
 
-Reads ``metrics.json`` (config, result, throughput per epoch, targets) and
-``history.csv`` (per-epoch loss and accuracy) that ``mirrorkit train``
-writes; never imports TensorFlow, so ``mirrorkit report`` answers in well
+Reads ``metrics.json`` (config, result, throughput per epoch, targets,
+rollback incidents, per-worker step times), ``history.csv`` (per-epoch loss
+and accuracy) and ``events.jsonl`` (restarts by ``mirrorkit launch``) that
+``mirrorkit train`` writes; never imports TensorFlow, so ``mirrorkit report`` answers in well
 under a second. Several runs can be summarised and overlaid in one PNG
 (loss, accuracy and images/s over epochs), drawn with matplotlib.
 
@@ -21,6 +22,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from mirrorkit.training.events import EVENTS_FILE, read_events
+
 _PIP_HINT = 'pip install "mirrorkit[bench]"'
 
 
@@ -32,11 +35,13 @@ class Run:
         path: the directory.
         metrics: metrics.json.
         history: history.csv rows (epoch first), numbers as floats.
+        events: events.jsonl (:mod:`mirrorkit.training.events`), oldest first.
     """
 
     path: Path
     metrics: dict[str, Any]
     history: list[dict[str, float]]
+    events: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -68,7 +73,7 @@ def load_run(path: str | os.PathLike) -> Run:
         with open(path / "history.csv", newline="") as f:
             for row in csv.DictReader(f):
                 history.append({k: float(v) for k, v in row.items() if _is_number(v)})
-    return Run(path, metrics, history)
+    return Run(path, metrics, history, read_events(path / EVENTS_FILE))
 
 
 def _is_number(text: str | None) -> bool:
@@ -114,6 +119,7 @@ def summary(run: Run) -> str:
     for target in m.get("targets", []):
         lines.append(f"target     {target['target']}: {'met' if target['met'] else 'MISSED'} "
                      f"(measured {_fmt(target['value'])})")
+    lines += _incidents(run) + _workers(m)
     rates = m.get("images_per_second_by_epoch") or []
     first = int(m.get("initial_epoch") or 0)
     offset = len(run.history) - len(rates)   # a resumed run measured its last epochs only
@@ -125,6 +131,31 @@ def summary(run: Run) -> str:
                      f"val_accuracy {_fmt(row.get('val_accuracy'))}  "
                      f"{_fmt(rate, 1)} images/s")
     return "\n".join(lines)
+
+
+def _incidents(run: Run) -> list[str]:
+    lines = [f"restart    attempt {e.get('attempt')}: {e.get('reason')}"
+             for e in run.events if e.get("event") == "restart"]
+    for i in run.metrics.get("incidents") or []:
+        lines.append(f"rollback   {i['rollback']}: {i['cause']} (loss {_fmt(i['loss'])}) at epoch "
+                     f"{i['epoch']}, step {i['step']}; back to epoch {i['restored_epoch']}, "
+                     f"learning rate -> {_fmt(i['learning_rate'], 6)}")
+    return lines
+
+
+def _workers(m: dict[str, Any]) -> list[str]:
+    epochs = [e for e in m.get("per_worker") or [] if len(e.get("worker_step_ms", [])) > 1]
+    if not epochs:
+        return []
+    last = epochs[-1]["worker_step_ms"]
+    share = (m.get("global_batch") or 0) / len(last)
+    lines = []
+    for w, ms in enumerate(last):
+        slow = [str(e["epoch"]) for e in epochs if any(s[0] == w for s in e["stragglers"])]
+        lines.append(f"worker {w:<3} local step {ms:.1f} ms ({share / ms * 1000:,.0f} images/s "
+                     f"on its own share)" + (f"; straggler in epoch(s) {', '.join(slow)}"
+                                              if slow else ""))
+    return lines
 
 
 def plot(runs: list[Run], path: str | os.PathLike) -> Path:

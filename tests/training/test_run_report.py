@@ -67,3 +67,28 @@ def test_a_folder_that_is_not_a_run_is_one_line_and_nothing_is_written(tmp_path)
         f"Error: Not a mirrorkit run: {tmp_path}/nope has no metrics.json (a run directory is "
         f"what `mirrorkit train --output DIR` wrote). Received: '{tmp_path}/nope'"]
     assert not (good / "report.png").exists()
+
+
+def test_incidents_restarts_and_each_workers_speed_are_reported(tmp_path):
+    from mirrorkit.training.events import EventLog
+
+    run = _run(tmp_path / "ops", 0.95, [800.0, 900.0, 1000.0], workers=2,
+               incidents=[{"rollback": 1, "epoch": 2, "step": 14, "first_step": 14,
+                           "cause": "nan", "loss": "nan", "restored_epoch": 1,
+                           "learning_rate": 0.001, "lr_factor": 0.5}],
+               per_worker=[{"epoch": 1, "step_ms": 40.0, "worker_step_ms": [10.0, 32.0],
+                            "stragglers": [[1, 3.2]]},
+                           {"epoch": 2, "step_ms": 40.0, "worker_step_ms": [10.0, 12.0],
+                            "stragglers": []}])
+    log = EventLog(run / "events.jsonl")
+    log.write("run_start", config={})
+    log.write("restart", attempt=2, reason="worker 1 failed with exit code 1")
+    result = CliRunner().invoke(cli, ["report", str(run), "--png", str(tmp_path / "o.png")])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "restart    attempt 2: worker 1 failed with exit code 1" in out
+    assert ("rollback   1: nan (loss nan) at epoch 2, step 14; back to epoch 1, learning rate "
+            "-> 0.001000") in out
+    assert "worker 0   local step 10.0 ms (3,200 images/s on its own share)" in out
+    assert ("worker 1   local step 12.0 ms (2,667 images/s on its own share); straggler in "
+            "epoch(s) 1") in out
