@@ -39,6 +39,9 @@ NETWORK = "MIRRORKIT_NETWORK"
 # Set by `mirrorkit launch` from its second attempt on: why the group restarted
 # (one line), so the run's event log can record it.
 RESTART_REASON = "MIRRORKIT_RESTART_REASON"
+# Set by `mirrorkit launch`: a worker's rank in the job's first attempt, which
+# stays its name when an elastic job renumbers the survivors of a loss.
+ORIGINAL_RANK = "MIRRORKIT_ORIGINAL_RANK"
 # Set by `mirrorkit launch --min-workers`: how a resumed run keeps its batch when
 # the worker count changed ("global" or "per-replica").
 ELASTIC_BATCH = "MIRRORKIT_ELASTIC_BATCH"
@@ -127,6 +130,22 @@ def restart_reason() -> str | None:
     """Return ``MIRRORKIT_RESTART_REASON``: why ``mirrorkit launch`` restarted the group, or None."""
     value = os.environ.get(RESTART_REASON, "").strip()
     return value or None
+
+
+def original_rank() -> int | None:
+    """Return ``MIRRORKIT_ORIGINAL_RANK``: a launched worker's rank in the job's first
+    attempt (an elastic job renumbers survivors; this stays), or None when unset.
+
+    Example:
+        >>> with patch({"MIRRORKIT_ORIGINAL_RANK": "2"}):
+        ...     original_rank()
+        2
+    """
+    raw = os.environ.get(ORIGINAL_RANK, "").strip()
+    try:
+        return int(raw) if raw else None
+    except ValueError:
+        return None
 
 
 def elastic_batch() -> str | None:

@@ -23,7 +23,8 @@ class _LauncherLog(logging.Handler):
 @click.option("--max-restarts", type=int, default=0, show_default=True,
               help="Restart the whole group up to this many times after a failure.")
 @click.option("--log-dir", type=click.Path(file_okay=False), default=None,
-              help="Also append each worker's output to DIR/worker-<rank>.log.")
+              help="Also append each worker's output to DIR/worker-<rank>.log "
+              "(its rank in the first attempt).")
 @click.option("--port", type=int, default=None,
               help="First of N consecutive ports (an error if one is in use). "
               "Default: free ports, new ones on each restart.")
@@ -43,18 +44,42 @@ class _LauncherLog(logging.Handler):
               "who can reach this machine can send them graph operations while the job runs. "
               "Default: they run in a private network namespace, reachable on its loopback "
               "only (HTTP(S) downloads still work through the launcher).")
+@click.option("--min-workers", type=click.IntRange(min=1), default=None, metavar="M",
+              help="Elastic training: a worker that fails again right after its restart "
+              "(the first to fail in two attempts in a row), or whose host stops answering "
+              "the rendezvous, is lost, and the group restarts without it, ranks renumbered "
+              "(a new chief if worker 0 was lost), while at least M workers (over all "
+              "hosts) remain. Below M the job fails naming the lost workers. A lost worker "
+              "does not rejoin: membership only shrinks within one job. Needs "
+              "--max-restarts >= 1 (2 to survive a worker lost on one machine).")
+@click.option("--elastic-batch", type=click.Choice(["global", "per-replica"]), default=None,
+              help="With --min-workers: what the workers keep when their number changes, "
+              "passed as MIRRORKIT_ELASTIC_BATCH: the global batch (default) or the "
+              "per-replica batch.")
+@click.option("--rendezvous-timeout", type=float, default=30.0, show_default=True,
+              metavar="SECONDS",
+              help="Multi-host with --min-workers: after the first host reports a failed "
+              "attempt, how long the rendezvous (hosted by --node-rank 0's launcher on its "
+              "first port + N) waits for the others; a host silent by then is lost. If "
+              "node 0's host is the one lost, the others fail, naming it: there is no "
+              "successor.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def launch(nproc: int | None, max_restarts: int, log_dir: str | None, port: int | None,
            gpus_per_worker: int | None, grace_period: float, hosts: str | None,
-           node_rank: int, expose_network: bool, command: tuple[str, ...]) -> None:
+           node_rank: int, expose_network: bool, min_workers: int | None,
+           elastic_batch: str | None, rendezvous_timeout: float,
+           command: tuple[str, ...]) -> None:
     """Run COMMAND as N workers of one multi-worker cluster, restarting on failure.
 
-    Each worker gets its TF_CONFIG (worker 0 is the chief) and
-    MIRRORKIT_RESTART_COUNT; its output is shown live, prefixed "[rank] ".
-    When a worker fails the others are stopped and, while --max-restarts
-    allow, the whole group starts again (resume with a backup callback).
-    Ctrl-C stops every worker. Exit status: 0; the failed worker's status
-    (128+N for signal N); 130/143 when interrupted.
+    Each worker gets its TF_CONFIG (worker 0 is the chief),
+    MIRRORKIT_RESTART_COUNT, MIRRORKIT_ORIGINAL_RANK (its rank in the first
+    attempt) and, after a restart, MIRRORKIT_RESTART_REASON (one line); its
+    output is shown live, prefixed "[rank] ". When a worker fails the others
+    are stopped and, while --max-restarts allow, the whole group starts
+    again (resume with a backup callback). With --min-workers it may restart
+    with fewer workers (see below). Ctrl-C stops every worker. Exit status:
+    0; the failed worker's status (128+N for signal N); 130/143 when
+    interrupted.
 
     \b
     Examples:
@@ -62,6 +87,8 @@ def launch(nproc: int | None, max_restarts: int, log_dir: str | None, port: int 
       mirrorkit launch -n 2 --max-restarts 3 --log-dir logs -- python apps/multi_worker.py --output out
       # two machines, 2 workers each (run on both, --node-rank 0 and 1):
       mirrorkit launch -n 2 --hosts node1,node2 --port 23456 --node-rank 0 -- python train.py
+      # elastic: 3 workers, continue on 2 if one is lost for good:
+      mirrorkit launch -n 3 --min-workers 2 --max-restarts 3 -- mirrorkit train --epochs 10
     """
     from mirrorkit.launcher import LaunchSpec
     from mirrorkit.launcher import launch as run
@@ -73,12 +100,19 @@ def launch(nproc: int | None, max_restarts: int, log_dir: str | None, port: int 
         if not command:
             raise ValueError("Missing the command to run, e.g. "
                              "'mirrorkit launch -n 2 -- python train.py'.")
+        world = nproc * (len(hosts.split(",")) if hosts else 1)
+        if min_workers is not None and nproc > 0 and min_workers > world:
+            raise click.BadParameter(
+                f"{min_workers} is more than the {world} worker(s) the job starts with.",
+                param_hint="'--min-workers'")
         spec = LaunchSpec(command=command, nproc=nproc, max_restarts=max_restarts,
                           log_dir=log_dir, port=port, gpus_per_worker=gpus_per_worker,
                           grace_period=grace_period,
                           hosts=None if hosts is None else tuple(
                               h.strip() for h in hosts.split(",") if h.strip()),
-                          node_rank=node_rank, expose_network=expose_network)
+                          node_rank=node_rank, expose_network=expose_network,
+                          min_workers=min_workers, elastic_batch=elastic_batch,
+                          rendezvous_timeout=rendezvous_timeout)
         log = logging.getLogger("mirrorkit.launcher")
         handler = _LauncherLog()
         log.addHandler(handler)

@@ -4,7 +4,9 @@ The modules, in the order a launch uses them: :mod:`.spec` (what to run),
 :mod:`.ports` (where workers listen), :mod:`.group` (one attempt's workers and
 their environment), :mod:`.process` (one worker process and its output),
 :mod:`.agent` (the monitor loop and restarts), :mod:`.state` (worker states,
-failures, the run's result).
+failures, the run's result); for elastic jobs (``min_workers``),
+:mod:`.membership` (who is lost, the next attempt's members) and
+:mod:`.rendezvous` (several machines' launchers agreeing on it).
 
 Example:
     >>> from mirrorkit.launcher import LaunchSpec, launch

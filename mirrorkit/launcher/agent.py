@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -31,12 +32,14 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 from mirrorkit import _env
 from mirrorkit.launcher.group import WorkerGroup
 from mirrorkit.launcher.hosts import check_hosts
 from mirrorkit.launcher.isolation import IsolationUnavailable, NetworkIsolation
+from mirrorkit.launcher.membership import LocalAgreement
+from mirrorkit.launcher.rendezvous import RendezvousClient
 from mirrorkit.launcher.spec import LaunchSpec
 from mirrorkit.launcher.state import RunResult, WorkerFailure, WorkerState
 from mirrorkit.training.targets import MISSED_EXIT_CODE
@@ -157,64 +160,96 @@ def launch(spec: LaunchSpec, *, stdout: IO[str] | None = None,
     spec = dataclasses.replace(spec, env={**spec.env, _env.RUN_ID: run_id})
     worker_path = spec.env.get("PATH", _env.get("PATH"))
     argv = [_resolve_program(spec.command[0], worker_path), *spec.command[1:]]
-    isolation = None if spec.hosts is not None or spec.expose_network else _isolate()
     start = time.monotonic()
     wake = threading.Event()
     failures: list[WorkerFailure] = []
-    restart = 0
-    with _Signals(wake) as signals:
+    with _Signals(wake) as signals, contextlib.ExitStack() as stack:
         try:
-            group = WorkerGroup(spec, restart, argv, streams, wake, isolation)
-        except BaseException:
-            if isolation is not None:
-                isolation.close()
-            raise
-        try:
-            # The one monitor loop: sleep until a worker exits or a signal
-            # arrives (or a tick passes), then decide for the whole group.
-            while True:
-                wake.wait(1.0)
-                wake.clear()
-                if signals.received:
-                    name = signal.Signals(signals.received[0]).name
-                    logger.warning("received %s: stopping %d worker(s)", name, spec.nproc)
-                    # A second signal means "now": skip the grace period.
-                    group.stop(spec.grace_period, urgent=lambda: len(signals.received) > 1)
-                    return RunResult(WorkerState.STOPPED, 128 + signals.received[0],
-                                     restart, tuple(failures), group.states(), name,
-                                     time.monotonic() - start)
-                state = group.observe()
-                if state is WorkerState.SUCCEEDED:
-                    group.stop(0.0)
-                    return RunResult(WorkerState.SUCCEEDED,
-                                     MISSED_EXIT_CODE if group.targets_missed else 0, restart,
-                                     tuple(failures), group.states(), None,
-                                     time.monotonic() - start)
-                if state is not WorkerState.FAILED:
-                    continue
-                failure = group.first_failure()
+            agreement = _agreement(spec, wake, lambda: bool(signals.received))
+            stack.callback(agreement.close)
+            view = agreement.first_view()
+        except RuntimeError:
+            if not signals.received:
+                raise
+            name = signal.Signals(signals.received[0]).name
+            return RunResult(WorkerState.STOPPED, 128 + signals.received[0], 0, (), {}, name,
+                             time.monotonic() - start)
+        isolation = None if spec.hosts is not None or spec.expose_network else _isolate()
+        if isolation is not None:
+            stack.callback(isolation.close)
+        group = WorkerGroup(spec, view, argv, streams, wake, isolation)
+        # Whatever happens below (even a bug or KeyboardInterrupt from a
+        # non-main thread), no worker outlives the launcher.
+        stack.callback(lambda: group.stop(0.0))
+
+        def result(state: WorkerState, code: int, name: str | None = None,
+                   note: str | None = None) -> RunResult:
+            return RunResult(state, code, view.attempt, tuple(failures), group.states(), name,
+                             time.monotonic() - start, note)
+
+        # The one monitor loop: sleep until a worker exits, a signal or the
+        # rendezvous's stop arrives (or a tick passes), then decide for the whole group.
+        while True:
+            wake.wait(1.0)
+            wake.clear()
+            if signals.received:
+                name = signal.Signals(signals.received[0]).name
+                logger.warning("received %s: stopping %d worker(s)", name, len(group.workers))
+                # A second signal means "now": skip the grace period.
+                group.stop(spec.grace_period, urgent=lambda: len(signals.received) > 1)
+                return result(WorkerState.STOPPED, 128 + signals.received[0], name)
+            state = group.observe()
+            if state is WorkerState.SUCCEEDED:
+                group.stop(0.0)
+                agreement.finished()
+                return result(WorkerState.SUCCEEDED,
+                              MISSED_EXIT_CODE if group.targets_missed else 0)
+            told = agreement.stop_requested(view.attempt)
+            if state is not WorkerState.FAILED and not told:
+                continue
+            failure = group.first_failure() if state is WorkerState.FAILED else None
+            if failure is not None:
                 failures.append(failure)
                 logger.warning("%s; stopping the other worker(s)", failure.describe())
-                group.stop(spec.grace_period, urgent=lambda: bool(signals.received))
-                if signals.received:
-                    continue  # interrupted while stopping: report it as such above
-                if restart >= spec.max_restarts:
-                    return RunResult(WorkerState.FAILED, failure.exit_code, restart,
-                                     tuple(failures), group.states(), None,
-                                     time.monotonic() - start)
-                restart += 1
-                logger.warning("restarting the whole group (restart %d of %d)",
-                               restart, spec.max_restarts)
-                try:
-                    group = WorkerGroup(spec, restart, argv, streams, wake, isolation)
-                except (OSError, ValueError) as err:
-                    raise RuntimeError(
-                        f"Cannot restart the workers: {err} (the previous attempt "
-                        f"failed because {failure.describe()})"
-                    ) from err
-        finally:
-            # Whatever happened above (even a bug or KeyboardInterrupt from a
-            # non-main thread), no worker outlives the launcher.
-            group.stop(0.0)
-            if isolation is not None:
-                isolation.close()
+            else:
+                logger.warning("the rendezvous reports a failed attempt on another node; stopping "
+                               "the worker(s) here")
+            group.stop(spec.grace_period, urgent=lambda: bool(signals.received))
+            if signals.received:
+                continue  # interrupted while stopping: report it as such above
+            decision = agreement.after_failure(
+                view, group.blame(failure) if failure else None,
+                bool(failure and failure.lost_peer))
+            if signals.received:
+                continue  # interrupted while waiting for the rendezvous
+            code = failure.exit_code if failure else 1
+            if decision.view is None:
+                return result(WorkerState.FAILED, code, note=decision.failed)
+            if view.attempt >= spec.max_restarts:
+                return result(WorkerState.FAILED, code, note=decision.line and (
+                    f"{decision.line}; but no restart is left "
+                    f"(--max-restarts {spec.max_restarts})"))
+            if decision.line:
+                logger.warning("%s", decision.line)
+            if not set(decision.view.members) & set(spec.local_ranks):
+                return result(WorkerState.FAILED, code, note=(
+                    f"{decision.line or 'mirrorkit: this node lost its workers'}; "
+                    "none of them runs on this node any more"))
+            view = decision.view
+            logger.warning("restarting the whole group (restart %d of %d)",
+                           view.attempt, spec.max_restarts)
+            try:
+                group = WorkerGroup(spec, view, argv, streams, wake, isolation)
+            except (OSError, ValueError) as err:
+                raise RuntimeError(
+                    f"Cannot restart the workers: {err} (the previous attempt "
+                    f"failed because {decision.view.reason})"
+                ) from err
+
+
+def _agreement(spec: LaunchSpec, wake: threading.Event,
+               interrupted: Callable[[], bool]) -> LocalAgreement | RendezvousClient:
+    """Who decides the next attempt's members: the rendezvous for multi-node elastic jobs."""
+    if spec.hosts is not None and spec.min_workers is not None:
+        return RendezvousClient(spec, wake, interrupted)
+    return LocalAgreement(spec.world_size, spec.min_workers)

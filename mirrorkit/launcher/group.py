@@ -1,9 +1,12 @@
 """The workers of one attempt on this machine: environment, start, stop.
 
-Each worker gets its ``TF_CONFIG``, the restart count, unbuffered output, its
-share of the cores and GPUs, and mirrorkit's site hook on ``PYTHONPATH``; a
-stop sends SIGTERM, then SIGKILL after a grace period, to every worker's
-process group.
+Each worker gets its ``TF_CONFIG``, the restart count, its original rank,
+why the group restarted, unbuffered output, its share of the cores and GPUs,
+and mirrorkit's site hook on ``PYTHONPATH``; a stop sends SIGTERM, then
+SIGKILL after a grace period, to every worker's process group. Which workers
+run, and as which rank, is the attempt's
+:class:`~mirrorkit.launcher.membership.View` (all of them, unless an elastic
+job lost some).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from mirrorkit.distribute.cluster import build_tf_config
 from mirrorkit.distribute.devices import cores_each, visible_devices
 from mirrorkit.launcher.bootstrap import SITE_DIR
 from mirrorkit.launcher.isolation import NetworkIsolation
+from mirrorkit.launcher.membership import Blame, View
 from mirrorkit.launcher.ports import check_ports_free, free_ports
 from mirrorkit.launcher.process import WorkerProcess, killpg
 from mirrorkit.launcher.spec import LaunchSpec
@@ -55,17 +59,26 @@ def worker_threads(nproc: int, env: Mapping[str, str]) -> int | None:
 class WorkerGroup:
     """The workers of one attempt on this node."""
 
-    def __init__(self, spec: LaunchSpec, restart: int, argv: list[str],
+    def __init__(self, spec: LaunchSpec, view: View, argv: list[str],
                  streams: tuple[IO[str], IO[str]], wake: threading.Event,
                  isolation: NetworkIsolation | None = None) -> None:
+        restart = view.attempt
         self.restart = restart
+        self.view = view
         self.workers: list[WorkerProcess] = []
         self._stopped = False
+        # Survivors keep their original slot: a fixed port (and a host) is a
+        # promise to the other nodes, which renumber to the same view.
+        local_members = [m for m in view.members if m in spec.local_ranks]
+        slots = [spec.local_ranks.index(m) for m in local_members]
         fixed = spec.fixed_ports()
-        ports = fixed if fixed is not None else free_ports(spec.nproc)
         if fixed is not None:
-            check_ports_free(fixed)
-        addresses = spec.node_addresses(ports)
+            check_ports_free([fixed[j] for j in slots])
+            everyone = spec.node_addresses()
+            self.addresses = [everyone[m] for m in view.members]
+        else:
+            self.addresses = spec.node_addresses(free_ports(len(view.members)))
+        addresses = self.addresses
         base_env = _env.snapshot()
         base_env.update(spec.env)
         if isolation is not None:
@@ -75,19 +88,25 @@ class WorkerGroup:
         if log_dir is not None:
             log_dir.mkdir(parents=True, exist_ok=True)
         lock = threading.Lock()
-        local = ", ".join(addresses[r] for r in spec.local_ranks)
+        local = ", ".join(addresses[view.rank_of(m)] for m in local_members)
         logger.info("starting %d worker(s), attempt %d of at most %d: %s",
-                    spec.nproc, restart + 1, spec.max_restarts + 1, local)
-        threads = worker_threads(spec.nproc, base_env)
+                    len(local_members), restart + 1, spec.max_restarts + 1, local)
+        threads = worker_threads(len(local_members), base_env)
         if threads and restart == 0:
             logger.info("each worker gets %d intra-op thread(s) (%s=%d: %d workers share this "
                         "machine's cores; set it yourself to override)",
-                        threads, _env.TF_INTRA_OP_THREADS, threads, spec.nproc)
+                        threads, _env.TF_INTRA_OP_THREADS, threads, len(local_members))
         try:
-            for j, rank in enumerate(spec.local_ranks):
+            for j, original in zip(slots, local_members):
+                rank = view.rank_of(original)
                 env = dict(base_env)
                 env[_env.TF_CONFIG] = build_tf_config(addresses, rank)
                 env[_env.RESTART_COUNT] = str(restart)
+                env[_env.ORIGINAL_RANK] = str(original)
+                if view.reason:
+                    env[_env.RESTART_REASON] = view.reason
+                if spec.elastic_batch:
+                    env[_env.ELASTIC_BATCH] = spec.elastic_batch
                 # Live output: Python workers must not block-buffer into the pipe.
                 env["PYTHONUNBUFFERED"] = "1"
                 if threads:
@@ -99,7 +118,8 @@ class WorkerGroup:
                 if spec.gpus_per_worker:
                     env["CUDA_VISIBLE_DEVICES"] = visible_devices(
                         j, spec.gpus_per_worker, parent_devices)
-                log = log_dir / f"worker-{rank}.log" if log_dir else None
+                # Named by original rank: one file per worker, whatever its rank now.
+                log = log_dir / f"worker-{original}.log" if log_dir else None
                 self.workers.append(WorkerProcess(
                     rank, argv, env, restart, streams, lock, wake, log,
                     enter=isolation.enter if isolation is not None else None))
@@ -122,8 +142,14 @@ class WorkerGroup:
         return any(w.targets_missed for w in self.workers)
 
     def first_failure(self) -> WorkerFailure:
+        """The failed worker that exited first (the attempt's root cause here)."""
         failed = [w for w in self.workers if w.state is WorkerState.FAILED]
         return min(failed, key=lambda w: w.exit_time or 0.0).failure()
+
+    def blame(self, failure: WorkerFailure) -> Blame:
+        """``failure`` in the job's terms: original rank, address and cause."""
+        return Blame(self.view.members[failure.rank], failure.rank,
+                     self.addresses[failure.rank], failure.how)
 
     def stop(self, grace: float, urgent: Callable[[], bool] = lambda: False) -> None:
         """SIGTERM every running worker's group, SIGKILL after ``grace``; reap all.

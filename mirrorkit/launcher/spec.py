@@ -14,6 +14,8 @@ from mirrorkit.distribute.cluster import build_tf_config, parse_address
 
 # Host of every worker when all run on this machine.
 LOCAL_HOST = "localhost"
+# How an elastic job keeps its batch when the worker count changes (MIRRORKIT_ELASTIC_BATCH).
+ELASTIC_BATCH_RULES = ("global", "per-replica")
 
 
 def _is_int(value: Any) -> bool:
@@ -63,6 +65,20 @@ class LaunchSpec:
             Defaults to False: they run in a private loopback-only network
             namespace (:mod:`mirrorkit.launcher.isolation`) where the platform
             allows it. Multi-node launches always listen on the network.
+        min_workers: elastic training: when a worker is lost (the first to
+            fail in two attempts in a row, or on a host that stops answering
+            the rendezvous), restart without it while at least this many
+            workers (over all nodes) remain; see
+            :mod:`mirrorkit.launcher.membership`. Needs ``max_restarts >= 1``.
+            Defaults to None: never continue with fewer workers.
+        elastic_batch: with ``min_workers``, what workers are told to keep
+            when the worker count changes (``MIRRORKIT_ELASTIC_BATCH``):
+            ``"global"`` (the global batch) or ``"per-replica"``. Defaults to
+            ``"global"`` when ``min_workers`` is set.
+        rendezvous_timeout: multi-node with ``min_workers``: seconds the
+            rendezvous waits, after the first node reports a failed attempt,
+            for the others; a node that has not reported by then is lost.
+            Defaults to 30.
 
     Raises:
         ValueError: for any invalid field, naming it and the value received.
@@ -86,6 +102,9 @@ class LaunchSpec:
     node_rank: int = 0
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     expose_network: bool = False
+    min_workers: int | None = None
+    elastic_batch: str | None = None
+    rendezvous_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         # Normalise containers so the frozen spec is really immutable.
@@ -96,6 +115,9 @@ class LaunchSpec:
         if self.log_dir is not None:
             object.__setattr__(self, "log_dir", str(self.log_dir))
         self._validate()
+        self._validate_elastic()
+        if self.min_workers is not None and self.elastic_batch is None:
+            object.__setattr__(self, "elastic_batch", "global")
 
     def _validate(self) -> None:
         if not self.command or not all(isinstance(a, str) for a in self.command) \
@@ -138,6 +160,42 @@ class LaunchSpec:
             )
         # Building the worker list checks every address and rejects duplicates.
         build_tf_config(self.node_addresses(), 0)
+
+    def _validate_elastic(self) -> None:
+        if self.min_workers is not None:
+            if not _is_int(self.min_workers) or not 1 <= self.min_workers <= self.world_size:
+                raise ValueError(
+                    "`min_workers` (--min-workers) must be an integer from 1 to the number "
+                    f"of workers ({self.world_size}). Received: min_workers={self.min_workers!r}")
+            if self.max_restarts < 1:
+                raise ValueError(
+                    "`min_workers` (--min-workers) continues after a loss by restarting "
+                    "without the lost worker, so it needs `max_restarts` (--max-restarts) "
+                    "of at least 1 (a worker that fails right after its restart is lost "
+                    "at the second restart, so 2 or more on one machine). "
+                    f"Received: max_restarts={self.max_restarts}")
+        if self.elastic_batch is not None:
+            if self.elastic_batch not in ELASTIC_BATCH_RULES:
+                raise ValueError(
+                    "`elastic_batch` (--elastic-batch) must be one of "
+                    f"{', '.join(ELASTIC_BATCH_RULES)}. Received: "
+                    f"elastic_batch={self.elastic_batch!r}")
+            if self.min_workers is None:
+                raise ValueError(
+                    "`elastic_batch` (--elastic-batch) only applies to an elastic job: "
+                    "add --min-workers M. Received: min_workers=None")
+        if isinstance(self.rendezvous_timeout, bool) or not isinstance(
+                self.rendezvous_timeout, (int, float)) or not self.rendezvous_timeout > 0:
+            raise ValueError(
+                "`rendezvous_timeout` (--rendezvous-timeout) must be a positive number of "
+                f"seconds. Received: rendezvous_timeout={self.rendezvous_timeout!r}")
+        if self.min_workers is not None and self.hosts is not None:
+            host, port = self.rendezvous_address()
+            taken = {parse_address(a) for a in self.node_addresses()}
+            if (host, port) in taken or port > 65535:
+                raise ValueError(
+                    f"The rendezvous port {port} on {host} (node 0's first port + -n) is a "
+                    "worker's port or out of range: space the nodes' ports further apart.")
 
     @property
     def nnodes(self) -> int:
@@ -195,6 +253,19 @@ class LaunchSpec:
             shown = f"[{host}]" if ":" in host else host
             addresses.extend(f"{shown}:{base + j}" for j in range(self.nproc))
         return addresses
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """Where node 0's launcher hosts the elastic rendezvous: its host, the port after its workers'.
+
+        Example:
+            >>> LaunchSpec(command=("x",), nproc=2, hosts=("a", "b"), port=2222,
+            ...            min_workers=1, max_restarts=1).rendezvous_address()
+            ('a', 2224)
+        """
+        if self.hosts is None:
+            raise ValueError("rendezvous_address() needs `hosts`: one machine has no rendezvous.")
+        host, port = parse_address(self.node_addresses()[0])
+        return host, port + self.nproc
 
     def fixed_ports(self) -> list[int] | None:
         """This node's ports when they are fixed by ``port``/``hosts``; else None."""

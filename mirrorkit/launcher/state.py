@@ -82,11 +82,16 @@ class WorkerFailure:
         found = [line.strip() for line in self.tail if line.strip().startswith(MARKER)]
         return found[-1] if found else None
 
+    @property
+    def how(self) -> str:
+        """How it ended, without the verb: ``"killed by SIGKILL"``, ``"exited with code 1"``."""
+        return (f"killed by {self.signal_name}" if self.signal_name
+                else f"exited with code {self.returncode}")
+
     def describe(self) -> str:
         """One phrase: who failed and how."""
-        how = (f"was killed by {self.signal_name}" if self.signal_name
-               else f"exited with code {self.returncode}")
-        return f"worker {self.rank} (pid {self.pid}) {how}"
+        verb = "was " if self.signal_name else ""
+        return f"worker {self.rank} (pid {self.pid}) {verb}{self.how}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +109,9 @@ class RunResult:
         worker_states: final state of each worker of the last attempt, by rank.
         signal: name of the signal that stopped the launcher, if any.
         elapsed: seconds from start to end.
+        note: a line that leads a failure's summary when the attempts alone do
+            not explain it: too few workers left for ``--min-workers``, or
+            another node's failure (multi-node elastic). Defaults to None.
 
     Example:
         >>> RunResult(WorkerState.SUCCEEDED, 0, 0, (), {0: WorkerState.SUCCEEDED},
@@ -118,6 +126,7 @@ class RunResult:
     worker_states: Mapping[int, WorkerState]
     signal: str | None
     elapsed: float
+    note: str | None = None
 
     @property
     def root_cause(self) -> WorkerFailure | None:
@@ -137,7 +146,8 @@ class RunResult:
         # A lost peer is the real cause of its survivors' failure: lead with it.
         lost = [f"worker {cause.rank} reports: {cause.lost_peer}"] if (
             cause is not None and cause.lost_peer) else []
-        lines = [*lost, f"FAILED after {self.restarts} restart(s) in {self.elapsed:.1f} s.",
+        lines = [*([self.note] if self.note else []), *lost,
+                 f"FAILED after {self.restarts} restart(s) in {self.elapsed:.1f} s.",
                  f"Root cause: {cause.describe()}, the first worker to fail in "
                  f"attempt {cause.restart + 1}." if cause else "Root cause: unknown."]
         for earlier in self.failures[:-1]:
