@@ -44,7 +44,7 @@ class Fitted:
     events: EventLog
 
 
-def start_events(run: Any, plan: Any) -> EventLog:
+def start_events(run: Any, plan: Any, change: dict[str, Any] | None = None) -> EventLog:
     """Create the run directory (chief) and open its event log with ``run_start``.
 
     Example:
@@ -74,10 +74,13 @@ def start_events(run: Any, plan: Any) -> EventLog:
     if _env.restart_count():
         events.write("restart", attempt=_env.restart_count() + 1,
                      reason=_env.restart_reason() or "restarted by mirrorkit launch")
+    if change is not None:
+        events.write("membership", **change)
     return events
 
 
-def _callbacks(run: Any, plan: Any, events: EventLog) -> tuple[list[Any], Any, Any, Any]:
+def _callbacks(run: Any, plan: Any, events: EventLog,
+               reset_lr: float | None) -> tuple[list[Any], Any, Any, Any]:
     import keras
 
     from mirrorkit.training.callbacks import BackupAndRestore, TensorBoard
@@ -93,7 +96,7 @@ def _callbacks(run: Any, plan: Any, events: EventLog) -> tuple[list[Any], Any, A
         run.strategy, workers=run.runtime.workers, global_batch=plan.batch.global_batch,
         per_replica_batch=plan.batch.per_replica, report=run.tell, events=events,
         status_path=Path(status) / f"worker-{run.runtime.task_index}.json" if status else None)
-    rollback = Rollback(config.max_rollbacks, config.rollback_lr_factor)
+    rollback = Rollback(config.max_rollbacks, config.rollback_lr_factor, reset_lr=reset_lr)
     # Order matters at epoch end: the progress bar prints first, the meter and
     # monitor then add to the logs the CSV and TensorBoard writers record.
     own: list[Any] = [DivergenceGuard(config.spike_factor)]
@@ -115,8 +118,11 @@ def _callbacks(run: Any, plan: Any, events: EventLog) -> tuple[list[Any], Any, A
 
 
 def fit(run: Any, model: Any, plan: Any, train_ds: Any, val_ds: Any,
-        extra: Sequence[Any], events: EventLog) -> Fitted:
+        extra: Sequence[Any], events: EventLog, reset_lr: float | None = None) -> Fitted:
     """Fit with mirrorkit's callbacks, rolling back on divergence (see the module docstring).
+
+    ``reset_lr``: a constant learning rate to set after the backup is
+    restored (an elastic job whose batch changed: the backup holds the old rate).
 
     Raises:
         RuntimeError: the loss diverged with no rollback left (epoch, step and
@@ -129,7 +135,7 @@ def fit(run: Any, model: Any, plan: Any, train_ds: Any, val_ds: Any,
     from mirrorkit.training.metering import NonFiniteLossError
     from mirrorkit.training.rollback import describe
 
-    own, meter, monitor, rollback = _callbacks(run, plan, events)
+    own, meter, monitor, rollback = _callbacks(run, plan, events, reset_lr)
     out, config = run.out, run.config
     epochs: list[int] = []
     initial = 0

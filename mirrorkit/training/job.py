@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from mirrorkit.training.config import BASE_BATCH, TrainConfig, TrainResult
+from mirrorkit.training.elastic import describe as describe_change
 from mirrorkit.training.fit_loop import fit, start_events
 from mirrorkit.training.output import (
     RUN_FILES,
@@ -92,6 +93,7 @@ def train(config: TrainConfig | None = None, *, callbacks: Sequence[Any] = (),
     started = time.monotonic()
     run = _start(config or TrainConfig(), echo or logger.info)
     data = _load_data(run)
+    run, change = _elastic(run)
     plan = make_plan(run.config, train_examples=data.train_examples,
                      val_examples=data.val_examples, replicas=run.runtime.replicas,
                      name=data.name)
@@ -99,11 +101,15 @@ def train(config: TrainConfig | None = None, *, callbacks: Sequence[Any] = (),
     train_ds, val_ds = _pipelines(run, data, plan)
     for line in _summary(run, data, plan, model):
         run.tell(line)
-    events = start_events(run, plan)
-    fitted = fit(run, model, plan, train_ds, val_ds, callbacks, events)
+    if change is not None:
+        change.update(learning_rate=plan.lr, lr_scaling=run.config.lr_scaling)
+        run.tell(describe_change(change))
+    events = start_events(run, plan, change)
+    fitted = fit(run, model, plan, train_ds, val_ds, callbacks, events,
+                 reset_lr=plan.lr if change is not None else None)
     try:
         scores = _evaluate_all(model, data, plan.val_batch.global_batch)
-        metrics = _metrics(run, data, plan, model, fitted, scores, started)
+        metrics = _metrics(run, data, plan, model, fitted, scores, started, change)
         metrics["weights_in_sync"] = _check_sync(run, model)
         if run.config.targets:
             metrics["targets"] = evaluate([parse_target(t) for t in run.config.targets], metrics)
@@ -113,7 +119,7 @@ def train(config: TrainConfig | None = None, *, callbacks: Sequence[Any] = (),
         raise
     events.write("run_end", status="finished", val_accuracy=metrics["val_accuracy"],
                  val_loss=metrics["val_loss"], wall_time_seconds=metrics["wall_time_seconds"],
-                 rollbacks=len(metrics["incidents"]), targets=metrics.get("targets"))
+                 rollbacks=len(fitted.rollback.incidents), targets=metrics.get("targets"))
     return TrainResult(
         val_accuracy=metrics["val_accuracy"], val_loss=metrics["val_loss"],
         epochs=run.config.epochs, epochs_run=metrics["epochs_run"],
@@ -136,6 +142,19 @@ def _start(config: TrainConfig, say: Callable[[str], Any]) -> _Run:
     if not config.resume and relaunched_with_backup(config, out):
         config = dataclasses.replace(config, resume=True, output=str(out))
     return _Run(config, strategy, runtime, out, say if runtime.is_chief else _silent)
+
+
+def _elastic(run: _Run) -> tuple[_Run, dict[str, Any] | None]:
+    """Adapt the batch when an elastic job resumes on another replica count (training.elastic)."""
+    from mirrorkit import _env
+    from mirrorkit.training.elastic import adapt, agree
+
+    rule = _env.elastic_batch()
+    # Decided alike on every worker from the environment: agree() is a collective.
+    if rule is None or not _env.restart_count():
+        return run, None
+    config, change = adapt(run.config, agree(run), replicas=run.runtime.replicas, rule=rule)
+    return dataclasses.replace(run, config=config), change
 
 
 def _silent(line: str) -> None:
@@ -237,7 +256,8 @@ def _evaluate_all(model: Any, data: Any, batch_size: int) -> dict[str, float]:
 
 
 def _metrics(run: _Run, data: Any, plan: TrainPlan, model: Any, fitted: Any,
-             scores: dict[str, float], started: float) -> dict[str, Any]:
+             scores: dict[str, float], started: float,
+             change: dict[str, Any] | None) -> dict[str, Any]:
     config, runtime, batch = run.config, run.runtime, plan.batch
     meter, epochs = fitted.meter, fitted.epoch
     ips = meter.images_per_second
@@ -279,7 +299,7 @@ def _metrics(run: _Run, data: Any, plan: TrainPlan, model: Any, fitted: Any,
         "images_per_second_per_replica": ips / batch.replicas if ips else None,
         "images_per_second_by_epoch": meter.rates,
         "per_worker": fitted.monitor.epochs,
-        "incidents": fitted.rollback.incidents,
+        "incidents": ([change] if change else []) + fitted.rollback.incidents,
         "spike_factor": config.spike_factor,
         "max_rollbacks": config.max_rollbacks,
         "rollback_lr_factor": config.rollback_lr_factor,

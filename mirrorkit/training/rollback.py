@@ -45,6 +45,8 @@ class Rollback(keras.callbacks.Callback):
             Defaults to 2.
         lr_factor: the learning rate is multiplied by this at each rollback.
             Defaults to 0.5.
+        reset_lr: a constant learning rate to set once training begins, after
+            a backup was restored (an elastic run whose batch changed).
 
     Attributes:
         incidents: one dict per rollback: ``epoch``, ``step`` (1-based, in
@@ -63,9 +65,11 @@ class Rollback(keras.callbacks.Callback):
         ValueError: `rollback_lr_factor` must be above 0 and at most 1. Received: rollback_lr_factor=2.0
     """
 
-    def __init__(self, max_rollbacks: int = 2, lr_factor: float = 0.5) -> None:
+    def __init__(self, max_rollbacks: int = 2, lr_factor: float = 0.5, *,
+                 reset_lr: float | None = None) -> None:
         super().__init__()
         check_rollback(max_rollbacks, lr_factor)
+        self.reset_lr = reset_lr
         self.max_rollbacks, self.lr_factor = max_rollbacks, float(lr_factor)
         self.incidents: list[dict[str, Any]] = []
         self._saved: tuple[int, list[Any], list[Any]] | None = None
@@ -88,6 +92,11 @@ class Rollback(keras.callbacks.Callback):
     # -- Keras hooks -------------------------------------------------------
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         if not self._pending:
+            lr = self._lr_variable()
+            if self.reset_lr is not None and lr is not None:
+                # The backup just restored holds the rate of the old batch.
+                lr.assign(self.reset_lr)
+                self.reset_lr = None
             # After BackupAndRestore: a resumed run's first good state is its backup.
             self._save(int(self.model._initial_epoch or 0))
             return
@@ -140,7 +149,7 @@ class Rollback(keras.callbacks.Callback):
             saved = self._saved_value(schedule, slots)
             new_lr = float(saved if saved is not None else schedule.numpy()) * self.lr_factor
         value = float(error.value)
-        incident = {"rollback": len(self.incidents) + 1, "epoch": error.epoch,
+        incident = {"kind": "rollback", "rollback": len(self.incidents) + 1, "epoch": error.epoch,
                     "step": error.step, "first_step": error.first_step, "cause": error.cause,
                     "loss": value if math.isfinite(value) else str(value),
                     "restored_epoch": epoch, "learning_rate": new_lr,

@@ -137,6 +137,12 @@ def _incidents(run: Run) -> list[str]:
     lines = [f"restart    attempt {e.get('attempt')}: {e.get('reason')}"
              for e in run.events if e.get("event") == "restart"]
     for i in run.metrics.get("incidents") or []:
+        if i.get("kind") == "membership":
+            lines.append(f"elastic    {i['replicas_before']} -> {i['replicas']} replicas "
+                         f"({i['rule']}): per-replica batch {i['per_replica_batch_before']} -> "
+                         f"{i['per_replica_batch']}, global {i['effective_batch_before']} -> "
+                         f"{i['effective_batch']}")
+            continue
         lines.append(f"rollback   {i['rollback']}: {i['cause']} (loss {_fmt(i['loss'])}) at epoch "
                      f"{i['epoch']}, step {i['step']}; back to epoch {i['restored_epoch']}, "
                      f"learning rate -> {_fmt(i['learning_rate'], 6)}")
