@@ -29,12 +29,14 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import IO, Any, Callable
 
 from mirrorkit import _env
+from mirrorkit.launcher import worker_status
 from mirrorkit.launcher.group import WorkerGroup
 from mirrorkit.launcher.hosts import check_hosts
 from mirrorkit.launcher.isolation import IsolationUnavailable, NetworkIsolation
@@ -160,10 +162,14 @@ def launch(spec: LaunchSpec, *, stdout: IO[str] | None = None,
     spec = dataclasses.replace(spec, env={**spec.env, _env.RUN_ID: run_id})
     worker_path = spec.env.get("PATH", _env.get("PATH"))
     argv = [_resolve_program(spec.command[0], worker_path), *spec.command[1:]]
+    # Where workers leave their speed for the final summary (worker_status).
+    status = tempfile.mkdtemp(prefix="mirrorkit-status-")
+    spec = dataclasses.replace(spec, env={**spec.env, _env.STATUS_DIR: status})
     start = time.monotonic()
     wake = threading.Event()
     failures: list[WorkerFailure] = []
     with _Signals(wake) as signals, contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, status, True)
         try:
             agreement = _agreement(spec, wake, lambda: bool(signals.received))
             stack.callback(agreement.close)
@@ -185,7 +191,8 @@ def launch(spec: LaunchSpec, *, stdout: IO[str] | None = None,
         def result(state: WorkerState, code: int, name: str | None = None,
                    note: str | None = None) -> RunResult:
             return RunResult(state, code, view.attempt, tuple(failures), group.states(), name,
-                             time.monotonic() - start, note)
+                             time.monotonic() - start, note,
+                             tuple(worker_status.lines(worker_status.read(status))))
 
         # The one monitor loop: sleep until a worker exits, a signal or the
         # rendezvous's stop arrives (or a tick passes), then decide for the whole group.

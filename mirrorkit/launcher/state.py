@@ -112,6 +112,9 @@ class RunResult:
         note: a line that leads a failure's summary when the attempts alone do
             not explain it: too few workers left for ``--min-workers``, or
             another node's failure (multi-node elastic). Defaults to None.
+        workers: one line per worker of this node on its speed (throughput,
+            local step time), from what the workers reported
+            (:mod:`mirrorkit.launcher.worker_status`). Defaults to none.
 
     Example:
         >>> RunResult(WorkerState.SUCCEEDED, 0, 0, (), {0: WorkerState.SUCCEEDED},
@@ -127,6 +130,7 @@ class RunResult:
     signal: str | None
     elapsed: float
     note: str | None = None
+    workers: tuple[str, ...] = ()
 
     @property
     def root_cause(self) -> WorkerFailure | None:
@@ -135,10 +139,11 @@ class RunResult:
 
     def summary(self) -> str:
         """A human-readable account: outcome, root cause and its last output lines."""
+        speeds = "".join(f"\n  {line}" for line in self.workers)
         if self.state is WorkerState.SUCCEEDED:
             missed = "; target(s) missed, exit code 3" if self.exit_code == 3 else ""
             return (f"all {len(self.worker_states)} worker(s) succeeded in "
-                    f"{self.elapsed:.1f} s ({self.restarts} restarts){missed}")
+                    f"{self.elapsed:.1f} s ({self.restarts} restarts){missed}{speeds}")
         if self.state is WorkerState.STOPPED:
             return (f"stopped by {self.signal} after {self.elapsed:.1f} s; every worker "
                     f"was stopped ({self.restarts} restarts)")
@@ -155,4 +160,4 @@ class RunResult:
         if cause is not None:
             lines.append(f"Last {len(cause.tail)} output line(s) of worker {cause.rank}:")
             lines.extend(f"  {line}" for line in cause.tail)
-        return "\n".join(lines)
+        return "\n".join(lines) + speeds

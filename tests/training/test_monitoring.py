@@ -95,3 +95,13 @@ def test_stragglers_are_judged_against_the_others():
     assert find_stragglers([10.0, 30.0, 10.0]) == [(1, 3.0)]
     assert find_stragglers([10.0, 14.0], factor=1.3) == [(1, 1.4)]
     assert find_stragglers([5.0]) == []
+
+
+def test_the_launcher_summary_shows_each_workers_throughput(straggling):
+    _, proc = straggling
+    err = proc.stderr.splitlines()
+    at = next(i for i, line in enumerate(err) if "[launch] all 2 worker(s) succeeded" in line)
+    worker0, worker1 = err[at + 1], err[at + 2]
+    assert worker0.startswith("  worker 0: ") and "images/s (epoch 2), local step" in worker0
+    assert worker1.startswith("  worker 1: ") and worker1.endswith("x worker 0: the straggler)")
+    assert "straggler" not in worker0
