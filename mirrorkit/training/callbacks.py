@@ -46,8 +46,10 @@ Example:
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
+import shutil
 from typing import Any
 
 import keras
@@ -82,7 +84,9 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     * on ``fit`` start the chief restores from ``backup_dir`` and every other
       worker receives the chief's weights, optimizer state and epoch over
       the cluster, so all resume identically (epoch granularity; see the
-      module docstring for ``save_freq`` in steps).
+      module docstring for ``save_freq`` in steps);
+    * the backup is written beside the old one and renamed over it, so a
+      worker killed while saving never leaves a backup no restart can read.
 
     Args:
         backup_dir: directory for the backup (chief only).
@@ -155,10 +159,38 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         model._initial_epoch = epoch
         logger.info("mirrorkit: resumed at epoch %d from the chief's backup", epoch)
 
+    def _save_model(self):
+        if "://" in self.backup_dir:  # gs://, s3://...: Keras's own (gfile) writes
+            return super()._save_model()
+        # Keras writes the backup in place: a worker killed mid-write (a lost
+        # machine, SIGKILL, OOM) left a half-written latest.weights.h5 that no
+        # restart could load ("bad object header version number"). Write both
+        # files beside it and rename them over the old ones: a reader sees the
+        # old backup or the new one, never a part.
+        os.makedirs(self.backup_dir, exist_ok=True)
+        if self.double_checkpoint:
+            for src, dst in ((self._weights_path, self._prev_weights_path),
+                             (self._training_metadata_path, self._prev_training_metadata_path)):
+                if os.path.exists(src):
+                    _atomic_copy(src, dst)
+        partial_weights = os.path.join(self.backup_dir, ".partial-latest.weights.h5")
+        partial_meta = os.path.join(self.backup_dir, ".partial-training_metadata.json")
+        self.model.save_weights(filepath=partial_weights, overwrite=True)
+        with open(partial_meta, "w") as f:
+            f.write(json.dumps({"epoch": self._current_epoch, "batch": self._last_batch_seen}))
+        os.replace(partial_weights, self._weights_path)
+        os.replace(partial_meta, self._training_metadata_path)
+
     def on_train_end(self, logs=None):
         super().on_train_end(logs)
         if self._scratch is not None:
             self._scratch.remove()
+
+
+def _atomic_copy(src: str, dst: str) -> None:
+    partial = os.path.join(os.path.dirname(dst), ".partial-" + os.path.basename(dst))
+    shutil.copyfile(src, partial)
+    os.replace(partial, dst)
 
 
 class ModelCheckpoint(keras.callbacks.ModelCheckpoint):

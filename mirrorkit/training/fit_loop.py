@@ -171,9 +171,24 @@ def fit(run: Any, model: Any, plan: Any, train_ds: Any, val_ds: Any,
                  f"--resume --output {out}")
         raise
     except BaseException as err:
-        events.write("run_end", status="failed", error=str(err).splitlines()[0] if str(err)
-                     else type(err).__name__)
+        events.write("run_end", status="failed", error=failure_line(err))
         raise
+
+
+def failure_line(err: BaseException) -> str:
+    """One line for the event log: a lost peer's account when that is the cause, else the error's first line.
+
+    Example:
+        >>> failure_line(ValueError("bad value\\nmore"))
+        'ValueError: bad value'
+    """
+    from mirrorkit.compat.peer_loss import explain
+
+    lost = explain(err) if not isinstance(err, (ValueError, KeyboardInterrupt)) else None
+    if lost:
+        return lost
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
 
 
 def _stopped(err: Any, run: Any, plan: Any, rollback: Any) -> RuntimeError:

@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from mirrorkit.training.config import BASE_BATCH, TrainConfig, TrainResult
 from mirrorkit.training.elastic import describe as describe_change
-from mirrorkit.training.fit_loop import fit, start_events
+from mirrorkit.training.fit_loop import failure_line, fit, start_events
 from mirrorkit.training.output import (
     RUN_FILES,
     check_output,
@@ -115,7 +115,7 @@ def train(config: TrainConfig | None = None, *, callbacks: Sequence[Any] = (),
             metrics["targets"] = evaluate([parse_target(t) for t in run.config.targets], metrics)
         _write_results(run, model, metrics, plan)
     except BaseException as err:
-        events.write("run_end", status="failed", error=str(err) or type(err).__name__)
+        events.write("run_end", status="failed", error=failure_line(err))
         raise
     events.write("run_end", status="finished", val_accuracy=metrics["val_accuracy"],
                  val_loss=metrics["val_loss"], wall_time_seconds=metrics["wall_time_seconds"],

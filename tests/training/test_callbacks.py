@@ -94,6 +94,35 @@ def test_resume_continues_after_the_last_completed_epoch(tmp_path):
         np.testing.assert_allclose(got, want, atol=1e-6)
 
 
+def test_a_worker_killed_while_saving_leaves_the_previous_backup_readable(tmp_path):
+    x, y = _data()
+    backup = tmp_path / "backup"
+
+    class DiesWhileSaving(keras.callbacks.Callback):
+        """At the 2nd backup, the weights file is half written when the process dies."""
+
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 1:
+                real = self.model.save_weights
+
+                def half_written(filepath, overwrite=True):
+                    with open(filepath, "wb") as f:
+                        f.write(b"\x89HDF\r\n\x1a\n" + b"\0" * 100)
+                    raise KeyboardInterrupt("killed mid-write")
+
+                self.model.save_weights = half_written
+                self._real = real
+
+    model = _model()
+    with pytest.raises(KeyboardInterrupt):
+        model.fit(x, y, batch_size=16, epochs=4, verbose=0, shuffle=False,
+                  callbacks=[DiesWhileSaving(), mk.BackupAndRestore(str(backup))])
+    restarted = _model()
+    history = restarted.fit(x, y, batch_size=16, epochs=4, verbose=0, shuffle=False,
+                            callbacks=[mk.BackupAndRestore(str(backup))])
+    assert len(history.history["loss"]) == 3  # the epoch-1 backup was intact: epochs 2-4
+
+
 @pytest.mark.parametrize("name", ["final.keras", "final.weights.h5"])
 def test_save_model_on_the_chief(tmp_path, private_tmp, name):
     x, y = _data()
