@@ -55,10 +55,15 @@ def _announce(runtime, scale: bool) -> None:
               help="Treat the batch_size the script passes to fit/evaluate/predict "
               "as per replica (multiplied by the replica count). Default: it is "
               "the global batch, split across replicas.")
+@click.option("--speed-up-fit", is_flag=True, default=False,
+              help="Apply mirrorkit train's safe speed-ups to the script's fit: several "
+              "steps per tf.function call (not when a callback acts per batch: batch-level "
+              "callbacks would run once per call) and prefetching of tf.data inputs. Off by "
+              "default because it changes what batch-level callbacks see.")
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(simulate_cpus: int | None, strategy: str | None, scale_batch: bool | None,
-        script: str, args: tuple[str, ...]) -> None:
+        speed_up_fit: bool, script: str, args: tuple[str, ...]) -> None:
     """Run SCRIPT as `python SCRIPT ARGS` would, with every Keras model mirrored.
 
     The strategy is created and its scope entered before the script starts, so
@@ -85,6 +90,7 @@ def run(simulate_cpus: int | None, strategy: str | None, scale_batch: bool | Non
     Examples:
       mirrorkit run --simulate-cpus 2 apps/plain_keras_script.py --epochs 3
       mirrorkit run --scale-batch train.py --batch-size 64   # 64 per replica
+      mirrorkit run --speed-up-fit --simulate-cpus 2 train.py
       mirrorkit launch -n 2 -- mirrorkit run tf_multi_worker_tutorial.py
     """
     from mirrorkit.runner import RunConfig, ScriptFailed, run_script
@@ -95,7 +101,8 @@ def run(simulate_cpus: int | None, strategy: str | None, scale_batch: bool | Non
             f"No such option: {script} (mirrorkit run options go before SCRIPT; "
             "see `mirrorkit run --help`)")
     config = RunConfig(script=script, args=tuple(args), strategy=strategy,
-                       simulate_cpus=simulate_cpus, scale_batch=scale_batch)
+                       simulate_cpus=simulate_cpus, scale_batch=scale_batch,
+                       speed_up_fit=speed_up_fit)
     try:
         with user_errors(), _runner_log():
             _env.quiet_tensorflow()

@@ -24,6 +24,8 @@ class RunConfig:
             ``MIRRORKIT_SIMULATE_CPUS``, then none.
         scale_batch: treat the script's ``batch_size`` as per replica; None
             falls back to ``MIRRORKIT_SCALE_BATCH``, then False.
+        speed_up_fit: apply ``mirrorkit train``'s safe speed-ups to the
+            script's ``fit`` (:mod:`mirrorkit.runner.speed`). Defaults to False.
 
     Example:
         >>> RunConfig(script="train.py", args=("--epochs", "3")).args
@@ -35,6 +37,7 @@ class RunConfig:
     strategy: str | None = None
     simulate_cpus: int | None = None
     scale_batch: bool | None = None
+    speed_up_fit: bool = False
 
 
 class ScriptFailed(Exception):

@@ -1,8 +1,9 @@
 """``Model.fit``/``evaluate``/``predict`` wrapped for the script's lifetime.
 
-Two jobs: ``--scale-batch`` (the script's ``batch_size`` is per replica), and
+Three jobs: ``--scale-batch`` (the script's ``batch_size`` is per replica),
 the trailing examples of ``fit`` on arrays that would leave a replica an
-empty batch (see :mod:`mirrorkit.runner.script`).
+empty batch (see :mod:`mirrorkit.runner.script`), and ``--speed-up-fit``
+(:mod:`mirrorkit.runner.speed`).
 
 Example:
     >>> from mirrorkit.runner.model_methods import model_methods   # doctest: +SKIP
@@ -26,18 +27,23 @@ _WRAPPED_METHODS = ("fit", "evaluate", "predict")
 
 
 @contextlib.contextmanager
-def model_methods(scale: bool) -> Iterator[None]:
-    """Wrap ``keras.Model.fit/evaluate/predict`` for the script's lifetime.
+def model_methods(scale: bool, speed: bool = False) -> Iterator[None]:
+    """Wrap ``keras.Model.fit/evaluate/predict`` (and ``compile``) for the script's lifetime.
 
     ``scale``: multiply ``batch_size`` by the model's replica count. ``fit``
     also drops the trailing examples that would give a replica an empty batch.
+    ``speed``: ``--speed-up-fit`` (:func:`mirrorkit.runner.speed.speed_up`).
     """
     import keras
 
-    saved = {name: keras.Model.__dict__.get(name) for name in _WRAPPED_METHODS}
+    names = _WRAPPED_METHODS + (("compile",) if speed else ())
+    saved = {name: keras.Model.__dict__.get(name) for name in names}
     warned: set[str] = set()
     for name in _WRAPPED_METHODS:
-        setattr(keras.Model, name, _method_wrapper(getattr(keras.Model, name), scale, warned))
+        setattr(keras.Model, name,
+                _method_wrapper(getattr(keras.Model, name), scale, warned, speed))
+    if speed:
+        setattr(keras.Model, "compile", _compile_wrapper(keras.Model.compile))
     try:
         yield
     finally:
@@ -59,13 +65,26 @@ def _is_prebatched(x: Any) -> bool:
     return inspect.isgenerator(x) or hasattr(x, "__next__") or "DataLoader" in type(x).__name__
 
 
+def _compile_wrapper(method: Callable[..., Any]) -> Callable[..., Any]:
+    def compile(self: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: A001 - Keras's name
+        from mirrorkit.runner.speed import compile_recorded
+
+        compile_recorded(self, kwargs)
+        return method(self, *args, **kwargs)
+
+    compile.__doc__ = method.__doc__
+    compile.__wrapped__ = method  # type: ignore[attr-defined]
+    return compile
+
+
 def _method_wrapper(method: Callable[..., Any], scale: bool,
-                    warned: set[str]) -> Callable[..., Any]:
+                    warned: set[str], speed: bool = False) -> Callable[..., Any]:
     signature = inspect.signature(method)
+    speeds_up = speed and method.__name__ == "fit"
 
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         replicas = model_replicas(self)
-        if replicas == 1 or kwargs.get("_use_cached_eval_dataset"):
+        if (replicas == 1 and not speeds_up) or kwargs.get("_use_cached_eval_dataset"):
             # Nothing to split, or fit's own validation pass (data already prepared).
             return method(self, *args, **kwargs)
         try:
@@ -74,10 +93,14 @@ def _method_wrapper(method: Callable[..., Any], scale: bool,
             return method(self, *args, **kwargs)  # Keras's own error for bad arguments
         x = bound.arguments.get("x")
         prebatched = x is not None and _is_prebatched(x)
-        if scale:
+        if scale and replicas > 1:
             _scale_batch(bound, replicas, prebatched, warned)
-        if method.__name__ == "fit" and not prebatched:
+        if method.__name__ == "fit" and not prebatched and replicas > 1:
             _drop_empty_replica_batch(bound, replicas, warned)
+        if speeds_up:
+            from mirrorkit.runner.speed import speed_up
+
+            speed_up(self, bound, replicas, warned)
         try:
             result = method(*bound.args, **bound.kwargs)
         except Exception as err:

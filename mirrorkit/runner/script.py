@@ -166,7 +166,8 @@ def run_script(config: RunConfig,
         if on_start is not None:
             on_start(runtime, scale)
         with ScriptScope(strategy, runtime) as scope, _script_sys(path, config.args), \
-                script_strategies(scope), model_methods(scale), chief_saving.installed(runtime), \
+                script_strategies(scope), model_methods(scale, config.speed_up_fit), \
+                chief_saving.installed(runtime), \
                 downloads.installed(runtime):
             _run_path(path)
 
