@@ -35,7 +35,8 @@ METRICS = (
     "global_batch", "accumulate", "effective_batch", "steps_per_epoch",
     "optimizer_steps_per_epoch", "steps_per_execution", "base_learning_rate", "base_batch",
     "learning_rate", "warmup_epochs", "seed", "images_per_second",
-    "images_per_second_per_replica", "wall_time_seconds",
+    "images_per_second_per_replica", "wall_time_seconds", "rollbacks", "max_rollbacks",
+    "rollback_lr_factor", "spike_factor",
 )
 
 _OPERATORS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}

@@ -80,7 +80,9 @@ def test_default_train_reaches_95_percent_and_model_reloads_in_plain_keras(tmp_p
 
     numbers = {k for k, v in metrics.items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    assert numbers <= set(METRICS) and set(METRICS) - numbers <= {"images_per_second_per_replica"}
+    # (spike_factor is None unless --spike-factor is given)
+    assert numbers <= set(METRICS) and set(METRICS) - numbers <= {
+        "images_per_second_per_replica", "spike_factor"}
     writable = [p for p in [tmp_path / "runs", *(tmp_path / "runs").rglob("*")]
                 if p.stat().st_mode & stat.S_IWOTH]
     assert not writable, writable
