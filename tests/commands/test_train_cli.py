@@ -308,7 +308,7 @@ def test_two_real_workers_read_their_own_shards_and_the_chief_writes_once(source
     assert "[0] strategy  multi_worker, 2 replicas, 2 workers" in text
     assert "[1] dataset" not in text and "[1] val_accuracy" not in text  # the chief reports
     assert "ran out of data" not in text
-    written = ["model.keras", "metrics.json", "history.csv"]
+    written = ["model.keras", "metrics.json", "history.csv", "events.jsonl"]
     if (out / "logs").exists():
         written.append("logs")
     assert sorted(p.name for p in out.iterdir()) == sorted(written)
