@@ -31,6 +31,9 @@ def parse_args(doc: str) -> argparse.Namespace:
                         "before it adopted P1-P4 (TensorFlow's own intra-op threads, one step "
                         "per tf.function call, synthetic images generated every epoch), to "
                         "measure where its gain over the baseline comes from")
+    parser.add_argument("--force-multi-step", action="store_true",
+                        help="expert side only: use steps_per_execution > 1 at 2+ replicas "
+                        "too, which stock Keras fails at (keras#19246); shows the failure")
     args = parser.parse_args()
     if args.epochs < 2:
         parser.error("--epochs must be >= 2: the first epoch is warm-up and not timed")
@@ -45,25 +48,43 @@ def data_options(args: argparse.Namespace) -> Any:
         else DataOptions()
 
 
-def load_arrays(args: argparse.Namespace) -> tuple[tuple[Any, Any], dict[str, Any]]:
-    """The training split as NumPy arrays (what ``keras.datasets.*.load_data()`` gives).
+def load_arrays(args: argparse.Namespace,
+                split: str = "train") -> tuple[tuple[Any, Any], dict[str, Any]]:
+    """A split (``"train"`` or ``"val"``) as NumPy arrays, like ``keras.datasets.*.load_data()``.
 
     Synthetic images are generated once, exactly as mirrorkit generates them.
+    ``--limit`` cuts the training split only: every arm is scored on the same
+    validation examples.
     """
     import numpy as np
 
     from mirrorkit.datasets import load
 
     data = load(args.dataset, data_options(args))
-    if data.map_fn is None and isinstance(data.train, tuple):
-        x, y = data.train
+    source = data.train if split == "train" else data.val
+    if data.map_fn is None and isinstance(source, tuple):
+        x, y = source
     else:
-        batches = list(data.examples("train").batch(4096).as_numpy_iterator())
+        batches = list(data.examples(split).batch(4096).as_numpy_iterator())
         x = np.concatenate([b[0] for b in batches])
         y = np.concatenate([b[1] for b in batches])
-    if args.limit:
+    if args.limit and split == "train":
         x, y = x[:args.limit], y[:args.limit]
     return (x, y), {"input_shape": data.image_shape, "num_classes": data.num_classes}
+
+
+def mirrored_over_cpus(replicas: int) -> Any:
+    """The tutorial's ``MirroredStrategy`` over ``replicas`` logical CPUs (before any other op).
+
+    A CPU-only machine has one device, so it is split into N logical devices
+    first; TensorFlow's own thread pools are kept (stock set-up).
+    """
+    import tensorflow as tf
+
+    cpus = tf.config.list_physical_devices("CPU")
+    tf.config.set_logical_device_configuration(
+        cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(replicas)])
+    return tf.distribute.MirroredStrategy([d.name for d in tf.config.list_logical_devices("CPU")])
 
 
 def compile_args(args: argparse.Namespace, global_batch: int) -> dict[str, Any]:
@@ -75,6 +96,24 @@ def compile_args(args: argparse.Namespace, global_batch: int) -> dict[str, Any]:
     lr = DEFAULT_LR["adam"] * global_batch / BASE_BATCH
     return {"optimizer": keras.optimizers.Adam(lr), "loss": "sparse_categorical_crossentropy",
             "metrics": ["accuracy"]}
+
+
+def final_scores(model: Any, val: tuple[Any, Any], batch_size: int = 256) -> dict[str, float]:
+    """Validation loss and accuracy on every example of ``val``, as mirrorkit scores its runs.
+
+    The same method as ``mirrorkit.training``'s final score: a copy of the
+    model outside the strategy evaluates every example in plain batches, so
+    no replica gets an empty slice, nothing is dropped, and every arm of a
+    comparison is scored identically.
+    """
+    import keras
+
+    copy = keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    copy.compile(loss="sparse_categorical_crossentropy", metrics=["accuracy"], jit_compile=False)
+    scores = copy.evaluate(val[0], val[1], batch_size=batch_size, return_dict=True, verbose=0)
+    return {"val_accuracy": round(float(scores["accuracy"]), 4),
+            "val_loss": round(float(scores["loss"]), 4)}
 
 
 def report(args: argparse.Namespace, timer: Any, global_batch: int, replicas: int, *,

@@ -25,7 +25,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import compile_args, load_arrays, parse_args, report  # noqa: E402
+from _common import (  # noqa: E402
+    compile_args,
+    final_scores,
+    load_arrays,
+    mirrored_over_cpus,
+    parse_args,
+    report,
+)
 
 
 def main() -> None:
@@ -33,18 +40,13 @@ def main() -> None:
 
     import tensorflow as tf
 
-    # Tutorial step 0 (CPU-only machine): split the CPU into N logical devices
-    # so MirroredStrategy has N replicas -- must happen before any other op.
-    cpus = tf.config.list_physical_devices("CPU")
-    tf.config.set_logical_device_configuration(
-        cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(args.replicas)])
-    devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+    # Tutorial steps 0-1 (CPU-only machine): split the CPU into N logical
+    # devices -- before any other op -- and a MirroredStrategy over them.
+    strategy = mirrored_over_cpus(args.replicas)
 
     import keras
 
     keras.utils.set_random_seed(args.seed)
-    # Tutorial step 1: the strategy.
-    strategy = tf.distribute.MirroredStrategy(devices)
     # Tutorial step 2: global batch = per-replica batch x replicas.
     batch_size = args.per_replica_batch * strategy.num_replicas_in_sync
 
@@ -69,9 +71,11 @@ def main() -> None:
     timer = step_timer()
     # verbose left at Keras's default, as in the tutorial.
     model.fit(train_dataset, epochs=args.epochs, callbacks=[timer])
+    val, _ = load_arrays(args, "val")
     report(args, timer, batch_size, strategy.num_replicas_in_sync,
            images_per_epoch=len(x_train),
-           variant="baseline: tutorial MirroredStrategy + from_tensor_slices.shuffle.batch")
+           variant="baseline: tutorial MirroredStrategy + from_tensor_slices.shuffle.batch",
+           extra=final_scores(model, val))
 
 
 if __name__ == "__main__":

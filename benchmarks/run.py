@@ -4,10 +4,13 @@ Sections (each figure is a median over fresh processes; A and B alternate, and
 the order flips every round, so drifting machine load hits both sides):
 
 * ``compare``    -- training images/s: mirrorkit (``mirrorkit_side.py``) vs the
-  hand-written tutorial code (``baseline_keras.py``); ratio mirrorkit / baseline.
-  A third arm runs mirrorkit with its previous defaults (``--previous-defaults``:
-  no core sharing, one step per call, synthetic data generated every epoch),
-  an ablation that shows where mirrorkit's gain over the baseline comes from.
+  hand-written tutorial code (``baseline_keras.py``) and vs the tutorial code
+  tuned by an expert with stock Keras (``expert_keras.py``); ratios mirrorkit /
+  baseline, mirrorkit / expert, expert / baseline, each counted only when the
+  arms' final validation accuracies agree within 0.01 (else flagged). A fourth
+  arm runs mirrorkit with its previous defaults (``--previous-defaults``: no
+  core sharing, one step per call, synthetic data generated every epoch), an
+  ablation that shows where mirrorkit's gain over the baseline comes from.
 * ``pipeline``   -- images/s mirrorkit's default training pipeline produces with
   no model attached, vs the images/s training consumes; ratio produce / consume.
 * ``startup``    -- ``mirrorkit --help`` wall time / ``python -c "import tensorflow"``.
@@ -15,6 +18,23 @@ the order flips every round, so drifting machine load hits both sides):
   per-worker batch, every process with one intra-op thread (equal compute per
   worker on a 2-core machine), so the ratio is the all-reduce and
   synchronisation cost.
+* ``floor``      -- mirrorkit's median step time / a bare ``tf.function`` train
+  step on a fixed batch held on the devices (``floor.py``), per configuration.
+* ``run-speed``  -- ``plain_script.py`` (an unmodified Keras script) under
+  ``mirrorkit run`` (a) and ``mirrorkit run --speed-up-fit`` (b) vs the same
+  script ported to MirroredStrategy by hand (c, ``plain_script_ported.py``);
+  ratios b / c and a / c with accuracies.
+* ``communication`` -- step time of 2 loopback workers / 2 independent
+  processes doing the same work without communication (``communication.py``),
+  per variant (RING, bytes_per_pack, fp16/bf16 gradient all-reduce), with each
+  variant's final accuracy against the uncompressed one.
+
+Full measurement on a quiet machine (2 cores; estimates at the defaults):
+    python benchmarks/run.py --runs 5 --sections compare          # ~45 min (4 arms)
+    python benchmarks/run.py --runs 5 --sections floor            # ~25 min
+    python benchmarks/run.py --runs 5 --sections run-speed        # ~30 min
+    python benchmarks/run.py --runs 3 --sections communication    # ~25 min
+    python benchmarks/run.py --runs 5 --sections startup,pipeline # ~3 min
 
 Example:
     python benchmarks/run.py                       # everything, 3 runs per side
@@ -35,62 +55,23 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-HERE = Path(__file__).resolve().parent
-PY = sys.executable
-RESULT = "RESULT "
-SECTIONS = ("compare", "pipeline", "startup", "multiworker")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import sections as new_sections  # noqa: E402
+from _harness import HERE, PY  # noqa: E402
+from _harness import alternate as _alternate  # noqa: E402
+from _harness import env as _env  # noqa: E402
+from _harness import median as _median  # noqa: E402
+from _harness import run_script as _run_script  # noqa: E402
+
+SECTIONS = ("compare", "pipeline", "startup", "multiworker", "floor", "run-speed",
+            "communication")
 
 # (model, dataset, per-replica batch, epochs): the cases issue 7 asks for. The
 # tiny cnn steps take milliseconds, so it gets more epochs: every run times
 # at least ~150 steps (epoch 1 is warm-up and never timed).
 CASES = (("cnn", "digits", 32, 8), ("resnet20", "synthetic", 32, 4))
 REPLICAS = (1, 2)
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("MIRRORKIT_") and k != "TF_CONFIG"}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    return env
-
-
-def _load() -> float:
-    return round(os.getloadavg()[0], 2)
-
-
-def _run_script(args: Sequence[str], timeout: float = 1800) -> dict[str, Any]:
-    """Run one benchmark script in a fresh interpreter; return its RESULT json."""
-    proc = subprocess.run([PY, *map(str, args)], capture_output=True, text=True,
-                          env=_env(), timeout=timeout)
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(RESULT):
-            return json.loads(line[len(RESULT):])
-    raise RuntimeError(f"{' '.join(map(str, args))} failed ({proc.returncode}):\n"
-                       f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-
-
-def _alternate(runs: int, arms: dict[str, Callable[[], Any]],
-               log: Callable[[str], None]) -> dict[str, list[Any]]:
-    """Run every arm ``runs`` times: ABC, CBA, ABC, ... (cancels drift in load)."""
-    out: dict[str, list[Any]] = {name: [] for name in arms}
-    names = list(arms)
-    for i in range(runs):
-        for name in (names if i % 2 == 0 else names[::-1]):
-            load = _load()
-            value = arms[name]()
-            out[name].append(value)
-            shown = value.get("images_per_sec") if isinstance(value, dict) else value
-            log(f"    run {i + 1} {name}: {shown} (load {load})")
-    return out
-
-
-def _median(values: Sequence[float]) -> float:
-    return float(statistics.median(values))
-
-
-def _paired(b: Sequence[dict[str, Any]], a: Sequence[dict[str, Any]]) -> float:
-    """Median over rounds of b/a images/s (each round ran a and b back to back)."""
-    return round(_median([x["images_per_sec"] / y["images_per_sec"] for x, y in zip(b, a)]), 3)
 
 
 # --------------------------------------------------------------------------
@@ -118,59 +99,6 @@ def startup(runs: int, log: Callable[[str], None]) -> dict[str, Any]:
             "median_import_tf_s": _median(tf_s), "ratio": round(ratio, 4),
             "target": "<= 0.15",
             "command": f"{' '.join(help_cmd)}  vs  {' '.join(tf_cmd)}"}
-
-
-def compare(runs: int, epochs: int | None, cases: Sequence[tuple[str, str, int, int]],
-            replicas: Sequence[int], log: Callable[[str], None],
-            extra: Sequence[str] = (), ablation: bool = True) -> list[dict[str, Any]]:
-    """Training images/s, mirrorkit vs the tutorial baseline, for every case x replicas.
-
-    With ``ablation``, a third arm: mirrorkit with its previous defaults.
-    """
-    rows = []
-    for model, dataset, batch, case_epochs in cases:
-        for n in replicas:
-            args = ["--model", model, "--dataset", dataset, "--replicas", str(n),
-                    "--per-replica-batch", str(batch), "--epochs", str(epochs or case_epochs),
-                    "--seed", "0", *(extra if dataset == "synthetic" else ())]
-            log(f"compare: {model} on {dataset}, {n} replica(s), per-replica batch {batch}")
-            arms = {
-                "baseline": lambda: _run_script([HERE / "baseline_keras.py", *args]),
-                "mirrorkit": lambda: _run_script([HERE / "mirrorkit_side.py", *args]),
-            }
-            if ablation:
-                arms["previous"] = lambda: _run_script(
-                    [HERE / "mirrorkit_side.py", *args, "--previous-defaults"])
-            got = _alternate(runs, arms, log)
-            med = {name: _median([r["images_per_sec"] for r in got[name]]) for name in got}
-            b = med["baseline"]
-            row = {
-                "model": model, "dataset": dataset, "replicas": n, "per_replica_batch": batch,
-                "global_batch": batch * n, "epochs": epochs or case_epochs,
-                "baseline_ips": [r["images_per_sec"] for r in got["baseline"]],
-                "mirrorkit_ips": [r["images_per_sec"] for r in got["mirrorkit"]],
-                "median_baseline_ips": round(b, 1),
-                "median_mirrorkit_ips": round(med["mirrorkit"], 1),
-                "ratio": round(med["mirrorkit"] / b, 3), "target": ">= 1.0",
-                # Each round runs the arms back to back, so a per-round ratio
-                # cancels slow drifts in machine load better than medians do.
-                "paired_ratio": _paired(got["mirrorkit"], got["baseline"]),
-                "baseline_details": got["baseline"][-1], "mirrorkit_details": got["mirrorkit"][-1],
-                "command": "python benchmarks/{baseline_keras,mirrorkit_side}.py " + " ".join(args),
-            }
-            if ablation:
-                row.update({
-                    "paired_previous_ratio": _paired(got["previous"], got["baseline"]),
-                    "previous_ips": [r["images_per_sec"] for r in got["previous"]],
-                    "median_previous_ips": round(med["previous"], 1),
-                    "previous_ratio": round(med["previous"] / b, 3),
-                })
-            rows.append(row)
-            log(f"  -> baseline {b:.1f} img/s, mirrorkit {med['mirrorkit']:.1f} "
-                f"(ratio {med['mirrorkit'] / b:.3f})"
-                + (f", with its previous defaults {med['previous']:.1f} "
-                   f"(ratio {med['previous'] / b:.3f})" if ablation else ""))
-    return rows
 
 
 def pipeline(runs: int, cases: Sequence[tuple[str, str, int, int]], replicas: int,
@@ -306,6 +234,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--mw-cases", default="resnet20:synthetic:32;cnn:digits:32",
                         help="model:dataset:per-worker-batch;... for the multiworker section")
     parser.add_argument("--mw-steps", type=int, default=30)
+    parser.add_argument("--comm-cases", default="cnn:digits:32:8;resnet20:synthetic:32:6",
+                        help="model:dataset:per-worker-batch:epochs;... (communication)")
+    parser.add_argument("--variants", default=",".join(new_sections.VARIANTS),
+                        help="communication variants, the first is the accuracy reference "
+                        "(see communication.py --variant)")
+    parser.add_argument("--run-models", default="cnn,resnet20",
+                        help="run-speed: plain_script.py --model values")
     parser.add_argument("--no-ablation", action="store_true",
                         help="compare: skip the 'mirrorkit with its previous defaults' arm")
     parser.add_argument("--quick", action="store_true",
@@ -322,10 +257,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                       (c.split(":") for c in opts.cases.split(";")))
     replicas = tuple(int(r) for r in opts.replicas.split(","))
     runs, epochs, mw_steps = opts.runs, opts.epochs, opts.mw_steps
+    comm_cases = tuple((m, d, int(b), int(e)) for m, d, b, e in
+                       (c.split(":") for c in opts.comm_cases.split(";")))
     extra: list[str] = []
+    floor_steps = None
     if opts.quick:
-        runs, epochs, mw_steps = 1, 2, 10
+        runs, epochs, mw_steps, floor_steps = 1, 2, 10, 32
         extra = ["--limit", "256"]
+        comm_cases = tuple((m, d, b, 2) for m, d, b, _ in comm_cases)
 
     def log(line: str) -> None:
         print(line, flush=True)
@@ -336,10 +275,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "startup" in sections:
         record["startup"] = startup(max(runs, 5) if not opts.quick else 1, log)
     if "compare" in sections:
-        record["compare"] = compare(runs, epochs, cases, replicas, log, extra,
-                                    ablation=not opts.no_ablation)
+        record["compare"] = new_sections.compare(runs, epochs, cases, replicas, log, extra,
+                                                 ablation=not opts.no_ablation)
     if "pipeline" in sections:
-        consumption = {(r["model"], r["dataset"], r["replicas"]): r["median_mirrorkit_ips"]
+        consumption = {(r["model"], r["dataset"], r["replicas"]):
+                       r["arms"]["mirrorkit"]["median_images_per_sec"]
                        for r in record.get("compare", [])}
         record["pipeline"] = pipeline(runs, cases, 1, consumption, log,
                                       batches=50 if opts.quick else 300)
@@ -347,6 +287,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         mw_cases = tuple((m, d, int(b)) for m, d, b in
                          (c.split(":") for c in opts.mw_cases.split(";")))
         record["multiworker"] = [multiworker(runs, m, d, b, mw_steps, log) for m, d, b in mw_cases]
+    if "floor" in sections:
+        record["floor"] = new_sections.floor(runs, epochs, cases, replicas, log, extra,
+                                             steps=floor_steps)
+    if "run-speed" in sections:
+        record["run-speed"] = new_sections.run_speed(runs, epochs, opts.run_models.split(","),
+                                                     replicas, log)
+    if "communication" in sections:
+        record["communication"] = new_sections.communication(
+            runs, comm_cases, [v.strip() for v in opts.variants.split(",")], log, extra)
     record["wall_s"] = round(time.time() - started, 1)
     record["load_average_end"] = list(os.getloadavg())
     Path(opts.output).write_text(json.dumps(record, indent=2) + "\n")
@@ -358,15 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def summary(record: dict[str, Any]) -> str:
     """Markdown table of every ratio in ``record`` (for RESULTS.md)."""
     lines = ["| figure | A | B | ratio (paired) | target |", "|---|---|---|---|---|"]
-    for r in record.get("compare", []):
-        lines.append(f"| {r['model']} on {r['dataset']}, {r['replicas']} replica(s), global batch "
-                     f"{r['global_batch']}: training img/s | baseline {r['median_baseline_ips']} | "
-                     f"mirrorkit {r['median_mirrorkit_ips']} | **{r['ratio']}** "
-                     f"({r['paired_ratio']}) | {r['target']} |")
-        if "previous_ratio" in r:
-            lines.append(f"| same, mirrorkit with its previous defaults (ablation)"
-                         f" | baseline {r['median_baseline_ips']} | mirrorkit {r['median_previous_ips']}"
-                         f" | {r['previous_ratio']} ({r['paired_previous_ratio']}) | — |")
+    lines += new_sections.summary_lines(record)
     for r in record.get("pipeline", []):
         lines.append(f"| {r['dataset']} pipeline img/s vs {r['model']} training img/s "
                      f"(global batch {r['global_batch']}) | pipeline {r['median_pipeline_ips']} | "
