@@ -13,11 +13,12 @@ skipped with the reason otherwise.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 
 import pytest
-from conftest import REPO
+from conftest import REPO, clean_env
 from netns_hosts import TestHosts, unavailable
 from test_multi_host import Node, finish, report
 
@@ -57,5 +58,16 @@ def test_a_host_lost_for_good_leaves_the_job_on_the_other_two(tmp_path):
         assert line.startswith(f"[launch] mirrorkit: worker 2 (hostc:{PORT}) lost: host "
                                "hostc did not report within 5 s"), line
         assert line.endswith("; continuing with 2 of 3 workers (min 2)"), line
+    # The same job with no loss (3 workers on this host's loopback): the
+    # survivors' final accuracy must be within 0.02 of it.
+    reference = subprocess.run(
+        [*MIRRORKIT, "launch", "-n", "3", "--", "python", SCRIPT, str(tmp_path / "reference"),
+         "--epochs", str(EPOCHS), "--steps", "20"],
+        capture_output=True, text=True, timeout=300, env=clean_env())
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    uninterrupted = json.loads(
+        (tmp_path / "reference" / "history.jsonl").read_text().splitlines()[-1])
+    assert abs(epochs[-1]["accuracy"] - uninterrupted["accuracy"]) <= 0.02, (
+        epochs[-1], uninterrupted)
     back = float((out / "first-step-1.txt").read_text())
     print(f"\nhost hostc lost -> training again on 2 hosts: {back - lost_at:.1f} s")
