@@ -55,9 +55,8 @@ class LossSpikeError(NonFiniteLossError):
                  median: float, factor: float, first_step: int | None = None) -> None:
         super().__init__(epoch, step, value, last_good_epoch, first_step=first_step)
         self.median, self.factor, self.cause = median, factor, "spike"
-        where = str(self).split(f"the loss became {value} at ", 1)[-1]
         self.args = (f"the loss spiked to {value:.4g} ({value / median:.1f}x the median "
-                     f"{median:.4g} of the recent steps) at {where}",)
+                     f"{median:.4g} of the recent steps) at {self.where}",)
 
 
 class DivergenceGuard(NonFiniteLossGuard):

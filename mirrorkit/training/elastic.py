@@ -33,6 +33,7 @@ from typing import Any
 
 from mirrorkit.training.config import TrainConfig
 from mirrorkit.training.events import EVENTS_FILE, read_events
+from mirrorkit.training.plan import nearest_multiple
 
 
 def previous_plan(out: Path) -> dict[str, int] | None:
@@ -68,21 +69,20 @@ def adapt(config: TrainConfig, before: dict[str, int] | None, *, replicas: int,
         >>> adapt(TrainConfig(), before, replicas=3, rule="global")
         Traceback (most recent call last):
         ...
-        ValueError: Cannot keep the global batch 128 on 3 replicas (42.67 per replica): use --elastic-batch per-replica, or start with a global batch divisible by 3 x 1, e.g. 96 or 192
+        ValueError: Cannot keep the global batch 128 on 3 replicas (42.67 per replica): use --elastic-batch per-replica, or start with a global batch that divides by 3 x 1: use a multiple of 3: 126 or 129
     """
     if before is None or before["replicas"] == replicas:
         return config, None
     b0, k, r0 = before["per_replica_batch"], before["accumulate"], before["replicas"]
     effective = b0 * r0 * k
     if rule == "global":
-        if effective % (replicas * k):
-            unit = replicas * k
-            low = effective // unit * unit
+        unit = replicas * k
+        if effective % unit:
             raise ValueError(
                 f"Cannot keep the global batch {effective} on {replicas} replicas "
                 f"({effective / unit:.2f} per replica): use --elastic-batch per-replica, or "
-                f"start with a global batch divisible by {replicas} x {k}, e.g. "
-                f"{low or unit} or {low + unit if low else 2 * unit}")
+                f"start with a global batch that divides by {replicas} x {k}: "
+                f"{nearest_multiple(effective, unit)}")
         b = effective // (replicas * k)
     else:
         b = b0

@@ -132,6 +132,8 @@ def fit(run: Any, model: Any, plan: Any, train_ds: Any, val_ds: Any,
     Example:
         >>> fitted = fit(run, model, plan, train_ds, val_ds, [], events)   # doctest: +SKIP
     """
+    import keras
+
     from mirrorkit.training.metering import NonFiniteLossError
     from mirrorkit.training.rollback import describe
 
@@ -163,8 +165,8 @@ def fit(run: Any, model: Any, plan: Any, train_ds: Any, val_ds: Any,
                 events.write("rollback", **incident)
                 initial = incident["restored_epoch"]
                 for callback in own:
-                    if hasattr(callback, "append"):  # CSVLogger: keep the rows so far
-                        callback.append = True
+                    if isinstance(callback, keras.callbacks.CSVLogger):
+                        callback.append = True  # keep the rows written so far
     except KeyboardInterrupt:
         events.write("run_end", status="interrupted")
         run.tell(f"\ninterrupted: the last epoch backup is in {out / 'backup'}; continue with "

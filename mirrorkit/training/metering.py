@@ -129,9 +129,11 @@ class NonFiniteLossError(RuntimeError):
         self.cause = "nan" if math.isnan(value) else "inf"
         self.first_step = step if first_step is None else first_step
         self.last_good_epoch = last_good_epoch
-        where = (f"step {step}" if self.first_step == step else
-                 f"in steps {self.first_step}-{step} (one tf.function call)")
-        super().__init__(f"the loss became {value} at epoch {epoch}, {where}")
+        # "epoch 2, step 3": also what LossSpikeError's message ends with.
+        self.where = f"epoch {epoch}, " + (
+            f"step {step}" if self.first_step == step else
+            f"in steps {self.first_step}-{step} (one tf.function call)")
+        super().__init__(f"the loss became {value} at {self.where}")
 
 
 class NonFiniteLossGuard(keras.callbacks.Callback):

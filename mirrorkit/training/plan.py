@@ -148,7 +148,7 @@ def resolve_accumulation(config: TrainConfig, replicas: int) -> tuple[BatchSize,
         _require(g % step == 0,
                  f"--global-batch {g} is not --per-replica-batch {b} x {replicas} replicas x "
                  f"a whole number K of accumulated micro-batches; "
-                 f"{_nearest(g, step)}. {received}")
+                 f"{nearest_multiple(g, step)}. {received}")
         _require(k is None or k == g // step,
                  f"--accumulate {k} disagrees with --global-batch {g} = {b} per replica x "
                  f"{replicas} replicas x {g // step}; drop one of them. {received}")
@@ -157,12 +157,18 @@ def resolve_accumulation(config: TrainConfig, replicas: int) -> tuple[BatchSize,
     if g is not None:
         _require(k == 1 or g % (replicas * k) == 0,
                  f"--global-batch {g} does not split into {replicas} replicas x {k} "
-                 f"micro-batches; {_nearest(g, replicas * k)}. {received}")
+                 f"micro-batches; {nearest_multiple(g, replicas * k)}. {received}")
         return resolve_batch(global_batch=g // k, replicas=replicas), k
     return resolve_batch(per_replica_batch=b or DEFAULT_PER_REPLICA_BATCH, replicas=replicas), k
 
 
-def _nearest(value: int, unit: int) -> str:
+def nearest_multiple(value: int, unit: int) -> str:
+    """Advice naming the multiples of ``unit`` around ``value``.
+
+    Example:
+        >>> nearest_multiple(30, 4)
+        'use a multiple of 4: 28 or 32'
+    """
     low = value // unit * unit
     return (f"use a multiple of {unit}: {low} or {low + unit}" if low
             else f"use a multiple of {unit}, e.g. {unit}")

@@ -67,7 +67,8 @@ def test_a_global_batch_that_does_not_divide_names_what_would():
     with pytest.raises(ValueError, match=r"Cannot keep the global batch 30 on 4 replicas "
                                          r"\(7.50 per replica\): use --elastic-batch "
                                          r"per-replica, or start with a global batch "
-                                         r"divisible by 4 x 1, e.g. 28 or 32"):
+                                         r"that divides by 4 x 1: use a multiple of 4: "
+                                         r"28 or 32"):
         adapt(TrainConfig(), before, replicas=4, rule="global")
     config, change = adapt(TrainConfig(), before, replicas=4, rule="per-replica")
     assert config.per_replica_batch == 10 and change["effective_batch"] == 40
