@@ -30,6 +30,7 @@ from typing import Any, Iterable
 from mirrorkit import _env
 from mirrorkit.compat import (
     accumulation,
+    allocator,
     cross_replica_step,
     empty_conv,
     generator_copies,
@@ -153,19 +154,19 @@ _UNAVAILABLE: dict[str, str] = {}
 def _check_names(names: Iterable[str], where: str) -> set[str]:
     chosen = {n.strip() for n in names if n and n.strip()}
     if "all" in chosen:
-        return set(FIXES)
-    unknown = sorted(chosen - set(FIXES))
+        return {*FIXES, allocator.NAME}
+    unknown = sorted(chosen - set(FIXES) - {allocator.NAME})
     if unknown:
         raise ValueError(
             f"Unknown compat fix in {where}. Received: {', '.join(unknown)}; "
-            f"accepted: all, {', '.join(FIXES)}"
+            f"accepted: all, {', '.join(FIXES)}, {allocator.NAME}"
         )
     return chosen
 
 
 def _disabled_from_env() -> set[str]:
     if not _env.compat_enabled():
-        return set(FIXES)
+        return {*FIXES, allocator.NAME}
     return _check_names(_env.compat_disabled(), _env.COMPAT_DISABLE)
 
 
@@ -254,6 +255,9 @@ def apply(*, disable: Iterable[str] | None = None, strategy: Any = None) -> dict
             result[name] = DISABLED
         else:
             result[name] = _apply_one(fix, strategy)
+    # Not a Keras fix: TensorFlow's allocator setting (2x slower CPU steps);
+    # reported by mirrorkit info, not in this dict.
+    allocator.restore(disabled=allocator.NAME in skip)
     if peer_loss.installed():
         # Keras is imported by now: start the clock a lost-peer report quotes.
         peer_loss.track_progress()

@@ -1,0 +1,65 @@
+"""``malloc-thresholds``: after TensorFlow's first distributed iterator, big tensors are not re-mapped every step.
+
+TensorFlow 2.21 freezes glibc's mmap threshold at 128 KiB the first time a
+``GeneratorDataset`` kernel runs (every distributed iterator), so each
+tensor over 128 KiB is mmapped and faulted in afresh on every step: CPU
+training ran 2x slower (``benchmarks/floor.py``). Page faults are the
+observable: a step that reuses memory faults little. Asserted upstream too:
+with the fix off the churn is there, so the day TensorFlow stops it this
+test says the fix can go (its probe then answers ``not-needed``).
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import run_snippet
+
+from mirrorkit.compat import allocator
+
+SNIPPET = """
+import json, resource
+import mirrorkit
+strategy = mirrorkit.get_strategy("mirrored", simulate_cpus=2)
+import keras, numpy as np, tensorflow as tf
+from mirrorkit.compat import allocator
+
+x = np.random.default_rng(0).uniform(size=(256, 32, 32, 8)).astype("float32")
+y = np.arange(256) % 4
+with strategy.scope():
+    model = keras.Sequential([keras.Input((32, 32, 8)), keras.layers.Conv2D(32, 3, padding="same"),
+                              keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(4)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+model.fit(x, y, batch_size=64, epochs=1, verbose=0)          # warm-up: traces the step
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+model.fit(x, y, batch_size=64, epochs=2, verbose=0)          # 8 steps, activations of 1 MiB
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+libc = allocator._libc()
+print("RESULT " + json.dumps({"state": allocator.state(), "fit_faults": faults,
+                              "probe_faults": allocator.churn_faults(libc)}))
+"""
+
+
+@pytest.mark.skipif(allocator._libc() is None, reason="glibc only")
+def test_steps_stop_faulting_their_tensors_in_again(tmp_path):
+    fixed, _ = run_snippet(SNIPPET, tmp_path)
+    upstream, _ = run_snippet(SNIPPET, tmp_path,
+                              env={"MIRRORKIT_COMPAT_DISABLE": allocator.NAME})
+    pages = (1 << 20) // __import__("resource").getpagesize()
+    assert upstream["state"] == "not-applied"
+    # Upstream: the 1 MiB probe buffer is faulted in again each of 50 rounds.
+    assert upstream["probe_faults"] >= 10 * pages, upstream
+    assert fixed["state"] == "applied", fixed
+    assert fixed["probe_faults"] < 2 * pages, fixed
+    # The training steps themselves: far fewer faults with the fix.
+    assert fixed["fit_faults"] * 3 < upstream["fit_faults"], (fixed, upstream)
+
+
+def test_disabled_names_are_accepted_and_checked():
+    from mirrorkit import compat
+    from mirrorkit._env import patch
+
+    with patch({"MIRRORKIT_COMPAT_DISABLE": "malloc-thresholds"}):
+        assert "malloc-thresholds" in compat.registry._disabled_from_env()
+    with patch({"MIRRORKIT_COMPAT_DISABLE": "malloc-threshold"}), \
+            pytest.raises(ValueError, match="malloc-thresholds"):
+        compat.registry._disabled_from_env()
