@@ -5,9 +5,14 @@ Opt-in, because they change what the script's callbacks see. Before each
 
 * **Several steps per ``tf.function`` call.** When the script compiled with
   Keras's default ``steps_per_execution=1`` and the steps of an epoch are
-  known (arrays, a dataset of known size, or ``steps_per_epoch``), the model
-  runs the largest divisor of them up to 16 per call
-  (:func:`mirrorkit.training.plan.auto_steps_per_execution`), which removes
+  known, the model runs up to 16 steps per call. On data that ends with the
+  epoch (arrays, a dataset of known size, no ``steps_per_epoch``) that is
+  ``min(16, steps)``: Keras's step loop stops a call early when the data
+  runs out, so the last call of an epoch of 23 steps runs 7. With
+  ``steps_per_epoch`` it is the largest divisor up to 16
+  (:func:`mirrorkit.training.plan.auto_steps_per_execution`), because there
+  Keras runs whole calls (an epoch of 23 steps at 8 per call would run 24).
+  This removes
   Keras's per-step Python work: the bulk of ``mirrorkit train``'s lead over
   the tutorial code on small models. What it changes: batch-level callback
   methods (``on_train_batch_begin``/``end``) run once per call, with the
@@ -41,6 +46,9 @@ logger = logging.getLogger(__name__)
 
 _BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
 _EXPLICIT = "_mirrorkit_explicit_steps_per_execution"
+# Beyond ~16 steps per call Keras's per-call Python work is negligible, and
+# callbacks and the progress bar stay lively.
+_CAP = 16
 
 
 def compile_recorded(model: Any, kwargs: dict[str, Any]) -> None:
@@ -71,25 +79,26 @@ def _per_batch(callback: Any) -> str | None:
     return f"{type(callback).__name__}.{overridden[0]}"
 
 
-def _steps_per_epoch(arguments: dict[str, Any]) -> int | None:
+def _steps_per_epoch(arguments: dict[str, Any]) -> tuple[int | None, bool]:
+    """``(steps of an epoch or None, whether the data ends with the epoch)``."""
     import tensorflow as tf
     from keras import tree
 
     if arguments.get("steps_per_epoch"):
-        return int(arguments["steps_per_epoch"])
+        return int(arguments["steps_per_epoch"]), False
     x = arguments.get("x")
     if isinstance(x, tf.data.Dataset):
         n = int(x.cardinality())
-        return n if n > 0 else None
+        return (n, True) if n > 0 else (None, False)
     flat = [t for t in tree.flatten(x) if t is not None] if x is not None else []
     if not flat or not hasattr(flat[0], "shape") or not flat[0].shape:
-        return None
+        return None, False
     n = int(flat[0].shape[0])
     split = arguments.get("validation_split") or 0.0
     if split and arguments.get("validation_data") is None:
         n -= int(math.floor(n * split)) if n * split >= 1 else 0
     batch = arguments.get("batch_size") or 32
-    return math.ceil(n / batch) if n > 0 else None
+    return (math.ceil(n / batch), True) if n > 0 else (None, False)
 
 
 def _prefetched(dataset: Any) -> Any:
@@ -127,10 +136,10 @@ def speed_up(model: Any, bound: inspect.BoundArguments, replicas: int,
                            "batch, and would be called once per call of several steps",
                            reasons[0])
         return
-    steps = _steps_per_epoch(a)
+    steps, ends = _steps_per_epoch(a)
     if not steps or not compat.works("multi-step", replicas):
         return
-    spe = auto_steps_per_execution(steps)
+    spe = min(_CAP, steps) if ends else auto_steps_per_execution(steps, _CAP)
     if spe <= 1:
         return
     model.steps_per_execution = spe

@@ -38,6 +38,20 @@ def test_fit_runs_several_steps_per_call_to_the_same_weights(data):
     assert fast["loss"] == pytest.approx(plain["loss"], rel=1e-5)
 
 
+@pytest.mark.parametrize("data", [(), ("--dataset",)], ids=["arrays", "dataset"])
+def test_an_epoch_that_no_call_size_divides_ends_with_a_shorter_call(data):
+    # 730 examples at batch 32: 23 steps (the last one 26 examples), a prime
+    # count. 16 steps per call: the epoch's second call stops after 7 steps,
+    # when the data runs out, so every epoch trains on exactly its 23 batches.
+    args = (*data, "--examples", "730")
+    plain, _ = _run(args=args)
+    fast, err = _run("--speed-up-fit", args=args)
+    assert fast["steps_per_execution"] == 16
+    assert "16 training steps per tf.function call (23 steps per epoch)" in err
+    np.testing.assert_allclose(fast["weights"], plain["weights"], rtol=1e-5, atol=1e-5)
+    assert fast["loss"] == pytest.approx(plain["loss"], rel=1e-5)
+
+
 def test_a_callback_that_acts_per_batch_keeps_one_step_per_call():
     fast, err = _run("--speed-up-fit", args=("--batch-callback",))
     assert fast["steps_per_execution"] == 1 and fast["batch_calls"] == 20  # every step
