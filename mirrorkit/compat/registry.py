@@ -15,7 +15,10 @@ module each: :mod:`~mirrorkit.compat.symbolic_build`,
 :mod:`~mirrorkit.compat.cross_replica_step`,
 :mod:`~mirrorkit.compat.empty_conv`, :mod:`~mirrorkit.compat.on_batch`,
 :mod:`~mirrorkit.compat.generator_copies`, :mod:`~mirrorkit.compat.accumulation`,
-:mod:`~mirrorkit.compat.layer_losses`.
+:mod:`~mirrorkit.compat.layer_losses`. One more is a process setting, not a Keras
+patch (:mod:`~mirrorkit.compat.allocator`, ``malloc-thresholds``): :func:`apply`
+runs it and it is turned off by name like the others, but it is not in
+:data:`FIXES` and not in :func:`apply`'s result.
 
 Example:
     >>> sorted(FIXES)[:3]
