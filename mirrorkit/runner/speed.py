@@ -12,9 +12,9 @@ Opt-in, because they change what the script's callbacks see. Before each
   ``steps_per_epoch`` it is the largest divisor up to 16
   (:func:`mirrorkit.training.plan.auto_steps_per_execution`), because there
   Keras runs whole calls (an epoch of 23 steps at 8 per call would run 24).
-  This removes
-  Keras's per-step Python work: the bulk of ``mirrorkit train``'s lead over
-  the tutorial code on small models. What it changes: batch-level callback
+  This removes Keras's per-call Python work, 1.1-1.6x on the benchmark's
+  unmodified script at 2 replicas (benchmarks/RESULTS.md, section 4). What
+  it changes: batch-level callback
   methods (``on_train_batch_begin``/``end``) run once per call, with the
   index of the call's last step, and the progress bar moves per call. So
   when the script passes a callback that acts per batch (its own
