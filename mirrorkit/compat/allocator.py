@@ -147,7 +147,8 @@ def restore(disabled: bool = False) -> str:
         'applied'
     """
     if disabled:
-        return _state.get(NAME) if _state.get(NAME) == "applied" else "disabled"
+        # mallopt cannot be undone: a process that already applied it stays so.
+        return "applied" if _state.get(NAME) == "applied" else "disabled"
     if NAME in _state:
         return _state[NAME]
     libc = _libc()

@@ -154,11 +154,16 @@ _DECISIONS: dict[str, Decision] = {}
 _UNAVAILABLE: dict[str, str] = {}
 
 
+# Every name disable= and MIRRORKIT_COMPAT_DISABLE accept (besides "all").
+def _all_names() -> set[str]:
+    return {*FIXES, allocator.NAME}
+
+
 def _check_names(names: Iterable[str], where: str) -> set[str]:
     chosen = {n.strip() for n in names if n and n.strip()}
     if "all" in chosen:
-        return {*FIXES, allocator.NAME}
-    unknown = sorted(chosen - set(FIXES) - {allocator.NAME})
+        return _all_names()
+    unknown = sorted(chosen - _all_names())
     if unknown:
         raise ValueError(
             f"Unknown compat fix in {where}. Received: {', '.join(unknown)}; "
@@ -169,7 +174,7 @@ def _check_names(names: Iterable[str], where: str) -> set[str]:
 
 def _disabled_from_env() -> set[str]:
     if not _env.compat_enabled():
-        return {*FIXES, allocator.NAME}
+        return _all_names()
     return _check_names(_env.compat_disabled(), _env.COMPAT_DISABLE)
 
 
