@@ -25,7 +25,12 @@ that drops its setting needs nothing (``not-needed``). Off with
 It acts only once TensorFlow's runtime has started (a strategy exists):
 starting it earlier would freeze the device list before mirrorkit splits the
 CPU. :func:`mirrorkit.compat.apply` calls it, so every strategy mirrorkit
-creates and every ``mirrorkit run`` script gets it.
+creates and every ``mirrorkit run`` script gets it. Called earlier (a
+program under ``mirrorkit launch`` gets the fixes when it imports Keras,
+before it creates its strategy), it waits: the program's first
+``experimental_distribute_dataset`` / ``distribute_datasets_from_function``
+(``fit`` calls one, custom loops call one) decides, just before the first
+distributed iterator exists.
 
 Example:
     >>> from mirrorkit.compat import allocator
@@ -57,6 +62,9 @@ _PROBE_BYTES = 1 << 20
 _PROBE_ROUNDS = 50
 
 _state: dict[str, str] = {}
+# The StrategyBase methods wrapped while a decision waits: name -> original.
+_deferred: dict[str, Any] = {}
+_DISTRIBUTE_METHODS = ("experimental_distribute_dataset", "distribute_datasets_from_function")
 
 
 def _libc() -> Any | None:
@@ -147,6 +155,7 @@ def restore(disabled: bool = False) -> str:
         'applied'
     """
     if disabled:
+        _stop_waiting()
         # mallopt cannot be undone: a process that already applied it stays so.
         return "applied" if _state.get(NAME) == "applied" else "disabled"
     if NAME in _state:
@@ -156,7 +165,9 @@ def restore(disabled: bool = False) -> str:
         _state[NAME] = "not-needed"
         return _state[NAME]
     if not _runtime_started():
+        _decide_at_first_distributed_dataset()
         return "waiting"
+    _stop_waiting()
     try:
         _trigger_tensorflow()
         if not _churning(libc):
@@ -172,6 +183,48 @@ def restore(disabled: bool = False) -> str:
         _state[NAME] = "unavailable"
     logger.info("mirrorkit.compat: %s=%s", NAME, _state[NAME])
     return _state[NAME]
+
+
+def _decide_at_first_distributed_dataset() -> None:
+    # A strategy exists once it distributes a dataset, and no distributed
+    # iterator does yet: the moment to decide. Wrapped on the base class, so
+    # every strategy's (and Keras fit's) call goes through it once.
+    if _deferred:
+        return
+    try:
+        from tensorflow.python.distribute import distribute_lib
+    except ImportError:  # a TensorFlow without this module: stay "waiting"
+        return
+    base = distribute_lib.StrategyBase
+    for name in _DISTRIBUTE_METHODS:
+        original = base.__dict__.get(name)
+        if original is None:
+            continue
+        _deferred[name] = original
+        setattr(base, name, _deciding_first(original))
+
+
+def _deciding_first(original: Any) -> Any:
+    def first_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        from tensorflow.python.eager import context
+
+        # Inside a tf.function the probe's iterator cannot run: decide later.
+        if context.executing_eagerly():
+            restore()
+        return original(self, *args, **kwargs)
+
+    first_call.__wrapped__ = original  # type: ignore[attr-defined]
+    return first_call
+
+
+def _stop_waiting() -> None:
+    if not _deferred:
+        return
+    from tensorflow.python.distribute import distribute_lib
+
+    for name, original in _deferred.items():
+        setattr(distribute_lib.StrategyBase, name, original)
+    _deferred.clear()
 
 
 def state() -> str:

@@ -63,3 +63,39 @@ def test_disabled_names_are_accepted_and_checked():
     with patch({"MIRRORKIT_COMPAT_DISABLE": "malloc-threshold"}), \
             pytest.raises(ValueError, match="malloc-thresholds"):
         compat.registry._disabled_from_env()
+
+
+# What a program under `mirrorkit launch` sees: the fixes come with `import keras`
+# (sitecustomize's import hook), before the program creates its own strategy.
+DEFERRED = """
+import json, os
+from mirrorkit.compat import allocator, autofix
+autofix.install()
+import keras, numpy as np, tensorflow as tf
+waiting = allocator.state()
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+after_strategy = allocator.state()
+x = np.random.default_rng(0).uniform(size=(64, 8)).astype("float32")
+with strategy.scope():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+model.fit(x, np.arange(64) % 2, batch_size=16, epochs=1, verbose=0)
+libc = allocator._libc()
+print("RESULT " + json.dumps({"waiting": waiting, "after_strategy": after_strategy,
+                              "state": allocator.state(), "probe_faults": allocator.churn_faults(libc),
+                              "unwrapped": not getattr(allocator, "_deferred", {})}))
+"""
+
+
+@pytest.mark.skipif(allocator._libc() is None, reason="glibc only")
+def test_a_program_that_makes_its_own_strategy_is_fixed_at_its_first_distributed_dataset(
+        tmp_path):
+    got, _ = run_snippet(DEFERRED, tmp_path)
+    pages = (1 << 20) // __import__("resource").getpagesize()
+    # Nothing decided at `import keras` (no runtime yet) nor by the strategy alone.
+    assert got["waiting"] == got["after_strategy"] == "not-applied", got
+    assert got["state"] == "applied", got
+    assert got["probe_faults"] < 2 * pages, got
+    assert got["unwrapped"], got
