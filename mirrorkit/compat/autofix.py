@@ -12,9 +12,9 @@ tutorial.py``, where stock Keras 3 fails (keras#20585).
 Nothing is imported eagerly: a worker that never imports TensorFlow pays
 nothing. ``MIRRORKIT_COMPAT=off`` turns the fixes off as everywhere else.
 
-Example:
+Example (what the launcher's sitecustomize does):
     >>> from mirrorkit.compat import autofix
-    >>> autofix.install()       # doctest: +SKIP  (sitecustomize does this)
+    >>> autofix.install()       # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ runs it and it is turned off by name like the others, but it is not in
 
 Example:
     >>> sorted(FIXES)[:3]
-    ['cross-replica-step', 'multi-step', 'no-call-build']
+    ['cross-replica-step', 'empty-conv', 'generator-copies']
 """
 
 from __future__ import annotations
@@ -176,6 +176,24 @@ def _disabled_from_env() -> set[str]:
     if not _env.compat_enabled():
         return _all_names()
     return _check_names(_env.compat_disabled(), _env.COMPAT_DISABLE)
+
+
+def disabled_by_environment() -> set[str]:
+    """The fix names ``MIRRORKIT_COMPAT`` / ``MIRRORKIT_COMPAT_DISABLE`` turn off, checked.
+
+    Where no fix is applied (the default strategy) a misspelt name must
+    still fail as it does everywhere else, not be ignored.
+
+    Raises:
+        ValueError: an unknown name (the accepted ones listed).
+
+    Example:
+        >>> from mirrorkit._env import patch
+        >>> with patch({"MIRRORKIT_COMPAT_DISABLE": "multi-step"}):
+        ...     sorted(disabled_by_environment())
+        ['multi-step']
+    """
+    return _disabled_from_env()
 
 
 def _keras_is_tensorflow() -> bool:

@@ -50,6 +50,11 @@ def _cluster_from_env() -> tuple[ClusterSpec | None, str]:
 
 def _create(tf: Any, sel: Selection) -> Any:
     if sel.kind == "default":
+        # No fix applies without a strategy, but a misspelt name in
+        # MIRRORKIT_COMPAT_DISABLE gets the same one-line error as elsewhere.
+        from mirrorkit.compat import registry
+
+        registry.disabled_by_environment()
         return tf.distribute.get_strategy()
     if sel.kind == "mirrored":
         if sel.gpus:

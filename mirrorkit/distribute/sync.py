@@ -9,7 +9,7 @@ every weight of every worker, bit for bit.
 
 Example:
     >>> report = weights_in_sync(model, strategy)      # doctest: +SKIP
-    >>> report
+    >>> report                                         # doctest: +SKIP
     {'workers': 2, 'identical': True, 'differing_workers': []}
 """
 

@@ -58,8 +58,8 @@ def keep_out_of_children() -> list[str]:
         The variables changed for children (empty when there was nothing to do
         or on a second call).
 
-    Example:
-        >>> keep_out_of_children()      # doctest: +SKIP  (the bootstrap does this)
+    Example (what the bootstrap does):
+        >>> keep_out_of_children()      # doctest: +SKIP
         ['PYTHONPATH', 'TF_CONFIG']
     """
     if _done:

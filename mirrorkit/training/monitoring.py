@@ -22,7 +22,7 @@ only the wall step time is recorded.
 
 Example:
     >>> find_stragglers([20.0, 41.0, 21.0], factor=1.5)
-    [(1, 1.9523809523809523)]
+    [(1, 2.0)]
 """
 
 from __future__ import annotations

@@ -228,6 +228,20 @@ def test_bad_input_is_one_clear_line(bad_folders, args, expected):
     assert not (bad_folders / "never-ran").exists()
 
 
+def test_a_misspelt_compat_name_is_one_line_on_the_default_strategy_too(tmp_path):
+    # One replica, no simulated CPUs: the default strategy, where no fix applies.
+    proc = subprocess.run(
+        [sys.executable, "-m", "mirrorkit", "train", "--epochs", "1",
+         "--output", str(tmp_path / "run")], cwd=str(tmp_path),
+        env=clean_env(MIRRORKIT_COMPAT_DISABLE="malloc-threshold"),
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert ("Error: Unknown compat fix in MIRRORKIT_COMPAT_DISABLE. Received: malloc-threshold; "
+            "accepted: all,") in proc.stderr + proc.stdout
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
 # -- every source end to end, and export -----------------------------------------
 
 @pytest.fixture(scope="module")
