@@ -2,8 +2,10 @@
 
 :mod:`.batching` keeps per-replica and global batch straight and picks the
 multi-worker sharding policy (no TensorFlow); :mod:`.pipelines` builds the
-training and evaluation pipelines. Dataset *sources* (digits, TFDS, image
-folders, TFRecord shards) are in :mod:`mirrorkit.datasets`.
+training and evaluation pipelines; :mod:`.replica_input` gives each replica
+its own host pipeline on CPU devices (what ``mirrorkit train`` uses there).
+Dataset *sources* (digits, TFDS, image folders, TFRecord shards) are in
+:mod:`mirrorkit.datasets`.
 
 Example:
     >>> from mirrorkit.data import resolve_batch

@@ -83,6 +83,18 @@ def _prepare(tf: Any, data: Any, cache: bool | str, num_files: int | None,
     return ds, policy
 
 
+def shuffled(ds: Any, size: int, shuffle_buffer: int | None, seed: int | None) -> Any:
+    """``ds`` reshuffled every epoch; the buffer defaults to ``size`` capped at 10,000.
+
+    Example:
+        >>> ds = shuffled(ds, size=1437, shuffle_buffer=None, seed=0)   # doctest: +SKIP
+    """
+    if shuffle_buffer is None:
+        shuffle_buffer = min(size, _MAX_SHUFFLE_BUFFER) if size > 0 else _MAX_SHUFFLE_BUFFER
+    shuffle_buffer = check_positive_int("shuffle_buffer", shuffle_buffer)
+    return ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+
+
 def _map(tf: Any, ds: Any, map_fn: Callable[..., Any] | None) -> Any:
     if map_fn is None:
         return ds
@@ -154,14 +166,11 @@ def train_pipeline(
             f"Received: {size} examples"
         )
     if shuffle:
-        if shuffle_buffer is None:
-            shuffle_buffer = min(size, _MAX_SHUFFLE_BUFFER) if size > 0 else _MAX_SHUFFLE_BUFFER
-        shuffle_buffer = check_positive_int("shuffle_buffer", shuffle_buffer)
         if seed is None and policy == "DATA":
             seed = _SHARED_SEED
             logger.info("train_pipeline: DATA sharding needs the same order on every "
                         "worker; shuffling with seed=%d", seed)
-        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+        ds = shuffled(ds, size, shuffle_buffer, seed)
     ds = _map(tf, ds, map_fn)
     ds = ds.batch(batch.global_batch, drop_remainder=True)
     return _with_options(tf, ds.prefetch(tf.data.AUTOTUNE), policy)

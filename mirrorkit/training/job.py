@@ -192,14 +192,21 @@ def _build_model(run: _Run, data: Any, plan: TrainPlan) -> Any:
 
 def _pipelines(run: _Run, data: Any, plan: TrainPlan) -> tuple[Any, Any]:
     from mirrorkit import data as pipelines
+    from mirrorkit.data.replica_input import per_replica_train_input
 
     # One endless stream each; steps_per_epoch (from the global batch) and
     # validation_steps end epochs, so every worker runs the same step counts.
     # Per-epoch validation runs under the strategy on whole batches only (see
     # plan._validation_plan); the final, reported score uses every example.
-    train_ds = pipelines.train_pipeline(
-        data.train, batch=plan.batch, seed=run.config.seed, map_fn=data.map_fn,
-        num_files=data.train_files).repeat()
+    # On CPU devices each replica reads its own host pipeline (the same
+    # examples per step, without the per-step device fetch); elsewhere one
+    # global pipeline that tf.distribute splits and shards.
+    train_ds = per_replica_train_input(data.train, batch=plan.batch, strategy=run.strategy,
+                                       seed=run.config.seed, map_fn=data.map_fn)
+    if train_ds is None:
+        train_ds = pipelines.train_pipeline(
+            data.train, batch=plan.batch, seed=run.config.seed, map_fn=data.map_fn,
+            num_files=data.train_files).repeat()
     val_ds = pipelines.train_pipeline(data.val, batch=plan.val_batch, shuffle=False,
                                       map_fn=data.map_fn).repeat()
     return train_ds, val_ds

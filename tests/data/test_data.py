@@ -176,6 +176,32 @@ out["dff_context"] = seen
 out["dff_batches_three_epochs"] = count.batches
 out["dff_epochs"] = len(history.history["loss"])
 
+# One host pipeline per replica (CPU devices): step k's replica slices hold
+# exactly the examples of the global pipeline's batch k, epoch after epoch.
+from mirrorkit.data import replica_input
+out["replica_input_applies"] = [replica_input.applies(strategy),
+                                replica_input.applies(tf.distribute.get_strategy())]
+per_replica = replica_input.per_replica_train_input((x, y), batch=batch, strategy=strategy,
+                                                    seed=3)
+stream, steps = iter(per_replica), []
+for _ in range(6):
+    features, labels = next(stream)
+    slices = strategy.experimental_local_results(labels)
+    paired = all(np.array_equal(f.numpy()[:, 0], l.numpy())
+                 for f, l in zip(strategy.experimental_local_results(features), slices))
+    steps.append([[int(v) for v in s.numpy()] for s in slices] + [paired])
+out["replica_steps"] = steps
+out["global_steps"] = [b for epoch in epochs for b in epoch]
+out["replica_input_declines"] = [
+    replica_input.per_replica_train_input((x, y), batch=batch, strategy=strategy, seed=None),
+    replica_input.per_replica_train_input((x, y), batch=batch, strategy=strategy, seed=0,
+                                          map_fn=lambda a, b: (a, b)),
+    replica_input.per_replica_train_input(
+        tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda a, b: True),
+        batch=batch, strategy=strategy, seed=0)]
+out["err_replica_small"] = errors(lambda: replica_input.per_replica_train_input(
+    (x[:10], y[:10]), batch=batch, strategy=strategy, seed=0))
+
 out["err_small"] = errors(lambda: data.train_pipeline((x[:10], y[:10]), batch=batch))
 out["err_batch"] = errors(lambda: data.train_pipeline((x, y), batch=16))
 out["err_data"] = errors(lambda: data.train_pipeline("not data", batch=batch))
@@ -207,6 +233,19 @@ def test_train_pipeline_drops_the_remainder_and_reshuffles(found):
     assert r["reshuffled"] and r["seed_reproducible"]
     assert r["unshuffled_first"] == list(range(16))
     assert r["mapped_first"] == [0.0, 2.0, 4.0]
+
+
+def test_per_replica_input_gives_each_replica_its_slice_of_the_global_batch(found):
+    r = found["result"]
+    assert r["replica_input_applies"] == [True, False]
+    assert r["replica_input_declines"] == [None, None, None]
+    assert "fewer examples than one global batch" in r["err_replica_small"]
+    # 50 examples, global batch 16: 3 steps per epoch, then the next
+    # (reshuffled) epoch, in the global pipeline's order.
+    assert len(r["replica_steps"]) == len(r["global_steps"]) == 6
+    for (first, second, paired), whole in zip(r["replica_steps"], r["global_steps"]):
+        assert len(first) == len(second) == 8 and paired
+        assert first + second == whole  # the slices tf.distribute would cut
 
 
 def test_eval_pipeline_keeps_every_example_in_order(found):
