@@ -172,12 +172,6 @@ def _check_names(names: Iterable[str], where: str) -> set[str]:
     return chosen
 
 
-def _disabled_from_env() -> set[str]:
-    if not _env.compat_enabled():
-        return _all_names()
-    return _check_names(_env.compat_disabled(), _env.COMPAT_DISABLE)
-
-
 def disabled_by_environment() -> set[str]:
     """The fix names ``MIRRORKIT_COMPAT`` / ``MIRRORKIT_COMPAT_DISABLE`` turn off, checked.
 
@@ -193,7 +187,9 @@ def disabled_by_environment() -> set[str]:
         ...     sorted(disabled_by_environment())
         ['multi-step']
     """
-    return _disabled_from_env()
+    if not _env.compat_enabled():
+        return _all_names()
+    return _check_names(_env.compat_disabled(), _env.COMPAT_DISABLE)
 
 
 def _keras_is_tensorflow() -> bool:
@@ -269,7 +265,7 @@ def apply(*, disable: Iterable[str] | None = None, strategy: Any = None) -> dict
         >>> compat.apply(disable=["scalar-logs"])            # doctest: +SKIP
         {'symbolic-build': 'applied', 'scalar-logs': 'disabled', 'multi-step': 'applied'}
     """
-    skip = _disabled_from_env() if disable is None else _check_names(
+    skip = disabled_by_environment() if disable is None else _check_names(
         [disable] if isinstance(disable, str) else disable, "disable")
     if not _keras_is_tensorflow():
         # Other backends never reach the TF trainer; nothing to patch.
@@ -343,7 +339,7 @@ def decisions() -> dict[str, dict[str, str]]:
         'version table'
     """
     current = status()
-    off = _disabled_from_env()
+    off = disabled_by_environment()
     out = {}
     for name, fix in FIXES.items():
         if name in off:

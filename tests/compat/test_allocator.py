@@ -59,10 +59,10 @@ def test_disabled_names_are_accepted_and_checked():
     from mirrorkit._env import patch
 
     with patch({"MIRRORKIT_COMPAT_DISABLE": "malloc-thresholds"}):
-        assert "malloc-thresholds" in compat.registry._disabled_from_env()
+        assert "malloc-thresholds" in compat.registry.disabled_by_environment()
     with patch({"MIRRORKIT_COMPAT_DISABLE": "malloc-threshold"}), \
             pytest.raises(ValueError, match="malloc-thresholds"):
-        compat.registry._disabled_from_env()
+        compat.registry.disabled_by_environment()
 
 
 # What a program under `mirrorkit launch` sees: the fixes come with `import keras`
