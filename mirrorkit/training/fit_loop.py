@@ -113,7 +113,11 @@ def _callbacks(run: Any, plan: Any, events: EventLog,
         run.tell("logs      no TensorBoard logs: the tensorboard package is not installed "
                  "(pip install tensorboard)")
     # Rollback after BackupAndRestore: it overrides what that one restores.
-    own += [BackupAndRestore(backup_dir=str(out / "backup")), EpochEvents(events), rollback]
+    # delete_checkpoint=False: the backup outlives fit until the model is
+    # saved (job._write_results removes it), so a Ctrl-C during the final
+    # evaluation or save still leaves something to --resume from.
+    own += [BackupAndRestore(backup_dir=str(out / "backup"), delete_checkpoint=False),
+            EpochEvents(events), rollback]
     return own, meter, monitor, rollback
 
 

@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -341,6 +342,8 @@ def _write_results(run: _Run, model: Any, metrics: dict[str, Any], plan: TrainPl
             # A resumed run replaces its own earlier export.
             export_saved_model(model, out / "saved_model", replace=True)
         (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        # The run is saved: its backup (kept through fit) has served.
+        shutil.rmtree(out / "backup", ignore_errors=True)
     written = ", ".join(n + ("/" if (out / n).is_dir() else "") for n in RUN_FILES
                         if (out / n).exists())
     run.tell(f"val_accuracy={metrics['val_accuracy']:.4f} val_loss={metrics['val_loss']:.4f} "

@@ -216,6 +216,22 @@ def test_nan_loss_stops_at_the_step_keeps_the_good_backup_and_resume_continues(t
     assert (out / "model.keras").exists() and not (out / "backup").exists()
 
 
+def test_an_interrupt_after_the_last_epoch_keeps_the_backup_until_the_model_is_saved(tmp_path):
+    # Ctrl-C lands after fit's last epoch, before the final evaluation and
+    # save: the epoch backup must still be there to resume from.
+    import keras
+
+    class InterruptAtTrainEnd(keras.callbacks.Callback):
+        def on_train_end(self, logs=None):
+            raise KeyboardInterrupt
+
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        train(TrainConfig(epochs=1, output=str(out)), callbacks=[InterruptAtTrainEnd()])
+    assert (out / "backup" / "latest.weights.h5").exists()
+    assert not (out / "model.keras").exists()
+
+
 def test_a_relaunched_group_resumes_without_being_told(tmp_path):
     # `mirrorkit launch` restarts the same command line (no --resume) with
     # MIRRORKIT_RESTART_COUNT >= 1 and one MIRRORKIT_RUN_ID for the whole job.
