@@ -77,9 +77,10 @@ def load_synthetic(options: DataOptions | None = None) -> ImageData:
     run and every worker.
 
     Up to :data:`SYNTHETIC_CACHE_BYTES` (64 MB: 5,000+ images of 32x32x3) the
-    images are generated once, at load, and handed over as arrays; generating them every epoch costs ~90 us of CPU per image, taken
-    from the cores that train (measured +0-6 % resnet20 throughput; under
-    DATA sharding every worker would generate the whole global batch). Larger
+    images are generated once, at load, and handed over as arrays;
+    generating them every epoch costs ~90 us of CPU per image, taken from the
+    cores that train (measured +0-6 % resnet20 throughput; under DATA
+    sharding every worker would generate the whole global batch). Larger
     sets are generated on the fly in constant memory. Both give the same
     pixels.
 
@@ -119,19 +120,19 @@ def load_synthetic(options: DataOptions | None = None) -> ImageData:
         return 0.5 * tf.gather(templates, label) + 0.5 * noise, label
 
     size = (n_train + n_val) * int(np.prod(shape)) * 4
+    train: Any
+    val: Any
+    map_fn: Any
+    # Validation examples follow the training ones, so no image is in both.
     if size <= SYNTHETIC_CACHE_BYTES:
         # One pass now. The pipelines get plain arrays and no map_fn: nothing
         # runs per example on the host while the model trains, and the
         # per-replica host input (mirrorkit.data.replica_input) applies.
         every = indices(0, n_train + n_val).map(generate, num_parallel_calls=tf.data.AUTOTUNE)
-        x = np.concatenate([x for x, _ in every.batch(4096).as_numpy_iterator()])
-        y = (np.arange(n_train + n_val) % classes).astype("int32")
-        train: Any = (x[:n_train], y[:n_train])
-        val: Any = (x[n_train:], y[n_train:])
-        map_fn: Any = None
-        how = f"random images, generated once, {size / 2**20:.1f} MB in memory"
+        x, y = (np.concatenate(part) for part in zip(*every.batch(4096).as_numpy_iterator()))
+        train, val = (x[:n_train], y[:n_train]), (x[n_train:], y[n_train:])
+        map_fn, how = None, f"random images, generated once, {size / 2**20:.1f} MB in memory"
     else:
-        # Validation indices follow the training ones, so no image is in both.
         train, val = indices(0, n_train), indices(n_train, n_val)
         map_fn, how = generate, "random images generated on the fly"
 
