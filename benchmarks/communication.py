@@ -112,7 +112,9 @@ def child(args: argparse.Namespace) -> None:
 
     options, dtype = _options(tf, args.variant)
     if args.arm == "workers":
-        compat.configure_failure_detection()
+        from mirrorkit.distribute.failure_detection import configure_failure_detection
+
+        configure_failure_detection()
         strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     else:
         strategy = tf.distribute.MirroredStrategy(["/cpu:0"])

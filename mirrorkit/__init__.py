@@ -12,7 +12,6 @@ Example:
 
 from typing import Any
 
-from mirrorkit.compat import apply as fix_multi_worker
 from mirrorkit.data import (
     BatchSize,
     distribute_from_function,
@@ -21,6 +20,8 @@ from mirrorkit.data import (
     shard_policy,
     train_pipeline,
 )
+from mirrorkit.distribute.failure_detection import configure_failure_detection
+from mirrorkit.distribute.fixes import apply_fixes as fix_multi_worker
 from mirrorkit.distribute.cluster import ClusterSpec, build_tf_config, parse_tf_config
 from mirrorkit.distribute.runtime import Runtime
 from mirrorkit.distribute.scope import build, scope, sync_batch_norm
@@ -44,6 +45,7 @@ __all__ = [
     "build_tf_config",
     "describe",
     "distribute_from_function",
+    "configure_failure_detection",
     "eval_pipeline",
     "fix_multi_worker",
     "get_strategy",

@@ -176,7 +176,7 @@ def collective_timeout() -> float | None:
     """Return ``MIRRORKIT_COLLECTIVE_TIMEOUT`` in seconds, or None when unset.
 
     It bounds how long a multi-worker process waits for a peer that stopped
-    answering (see :func:`mirrorkit.compat.configure_failure_detection`).
+    answering (see :func:`mirrorkit.configure_failure_detection`).
     """
     return _positive_seconds(COLLECTIVE_TIMEOUT)
 

@@ -71,12 +71,6 @@ Example:
     {'symbolic-build': 'applied', 'scalar-logs': 'applied', 'multi-step': 'applied'}
 """
 
-from mirrorkit.compat.failure_detection import (
-    DEFAULT_JOIN_TIMEOUT,
-    DEFAULT_PEER_TIMEOUT,
-    EXIT_MARGIN,
-    configure_failure_detection,
-)
 from mirrorkit.compat.fix import Decision, Fix, FixUnavailable
 from mirrorkit.compat.registry import (
     APPLIED,
@@ -94,10 +88,7 @@ from mirrorkit.compat.registry import (
 
 __all__ = [
     "APPLIED",
-    "DEFAULT_JOIN_TIMEOUT",
-    "DEFAULT_PEER_TIMEOUT",
     "DISABLED",
-    "EXIT_MARGIN",
     "FIXES",
     "NOT_APPLIED",
     "NOT_NEEDED",
@@ -106,9 +97,22 @@ __all__ = [
     "Fix",
     "FixUnavailable",
     "apply",
-    "configure_failure_detection",
     "decisions",
     "revert",
     "status",
     "works",
 ]
+
+
+# Failure detection was documented under this package before it moved to
+# mirrorkit.distribute (it is not an upstream fix); the old names keep working.
+_MOVED = {"configure_failure_detection", "DEFAULT_JOIN_TIMEOUT", "DEFAULT_PEER_TIMEOUT",
+          "EXIT_MARGIN"}
+
+
+def __getattr__(name: str):
+    if name in _MOVED:
+        from mirrorkit.distribute import failure_detection  # architecture: allowed alias
+
+        return getattr(failure_detection, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

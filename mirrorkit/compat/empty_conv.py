@@ -46,7 +46,7 @@ import functools
 import logging
 from typing import Any, Callable
 
-from mirrorkit.compat.values import model_replicas
+from mirrorkit.strategy_facts import model_replicas
 
 logger = logging.getLogger(__name__)
 

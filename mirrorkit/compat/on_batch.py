@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from mirrorkit.compat.values import replicas
+from mirrorkit.strategy_facts import replicas
 
 
 def _splittable(value: Any) -> bool:

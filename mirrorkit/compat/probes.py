@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from mirrorkit.compat.values import in_multi_worker_mode, replicas
+from mirrorkit.strategy_facts import in_multi_worker_mode, replicas
 
 logger = logging.getLogger(__name__)
 

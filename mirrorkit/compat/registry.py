@@ -42,7 +42,6 @@ from mirrorkit.compat import (
     multistep,
     no_call_build,
     on_batch,
-    peer_loss,
     probes,
     scalar_logs,
     step_variables,
@@ -280,9 +279,6 @@ def apply(*, disable: Iterable[str] | None = None, strategy: Any = None) -> dict
     # Not a Keras fix: TensorFlow's allocator setting (2x slower CPU steps);
     # reported by mirrorkit info, not in this dict.
     allocator.restore(disabled=allocator.NAME in skip)
-    if peer_loss.installed():
-        # Keras is imported by now: start the clock a lost-peer report quotes.
-        peer_loss.track_progress()
     logger.info("mirrorkit.compat: %s", ", ".join(f"{k}={v}" for k, v in result.items()))
     return result
 

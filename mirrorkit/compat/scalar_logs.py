@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from mirrorkit.compat.values import in_multi_worker_mode, local_first, rank
+from mirrorkit.strategy_facts import in_multi_worker_mode, local_first, rank
 
 
 def _is_variable(value: Any) -> bool:

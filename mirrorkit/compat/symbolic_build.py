@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from mirrorkit.compat.values import local_first, splits_batches
+from mirrorkit.strategy_facts import local_first, splits_batches
 
 
 def make(original: Callable[..., Any]) -> Callable[..., Any]:

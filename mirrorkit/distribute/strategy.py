@@ -67,21 +67,25 @@ def _create(tf: Any, sel: Selection) -> Any:
         # Keras 3 fails under any strategy in places (gradient accumulation,
         # keras#20582) and under 2+ replicas in more (keras#20585); each fix
         # is a no-op where its bug cannot show.
-        from mirrorkit import compat
+        from mirrorkit.distribute.fixes import apply_fixes
 
-        compat.apply(strategy=strategy)
+        apply_fixes(strategy=strategy)
         return strategy
     return _create_multi_worker(tf)
 
 
 def _create_multi_worker(tf: Any) -> Any:
-    # Lazy: compat imports Keras, which only multi-worker runs need here.
-    from mirrorkit import compat
+    # Lazy: the fixes import Keras, which only multi-worker runs need here.
+    from mirrorkit.distribute.failure_detection import (
+        DEFAULT_JOIN_TIMEOUT,
+        configure_failure_detection,
+    )
+    from mirrorkit.distribute.fixes import apply_fixes
 
     # Bounded waits for lost peers must be configured before the runtime
     # starts, i.e. before the strategy exists (MIRRORKIT_COLLECTIVE_TIMEOUT,
-    # MIRRORKIT_JOIN_TIMEOUT; see compat.configure_failure_detection).
-    compat.configure_failure_detection()
+    # MIRRORKIT_JOIN_TIMEOUT; see distribute.failure_detection).
+    configure_failure_detection()
     try:
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
     except (RuntimeError, ValueError) as err:
@@ -100,12 +104,12 @@ def _create_multi_worker(tf: Any) -> Any:
             f"{lines[0] if lines else type(err).__name__}"
             + (f" Missing: {', '.join(missing)}." if missing else "")
             + " Every task in TF_CONFIG must start within MIRRORKIT_JOIN_TIMEOUT "
-            f"seconds (default {compat.DEFAULT_JOIN_TIMEOUT:.0f}) and reach the "
+            f"seconds (default {DEFAULT_JOIN_TIMEOUT:.0f}) and reach the "
             "others' host:port."
         ) from err
     # Keras 3 fit/evaluate fail under MWMS without these (keras#20585);
     # MIRRORKIT_COMPAT=off leaves Keras untouched.
-    compat.apply(strategy=strategy)
+    apply_fixes(strategy=strategy)
     return strategy
 
 

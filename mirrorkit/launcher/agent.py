@@ -116,7 +116,7 @@ def launch(spec: LaunchSpec, *, stdout: IO[str] | None = None,
     Each worker gets ``TF_CONFIG`` (rank 0 is the chief), the restart count
     in ``MIRRORKIT_RESTART_COUNT``, one ``MIRRORKIT_RUN_ID`` for the job, ``PYTHONUNBUFFERED=1``, mirrorkit's
     Keras fixes for Python programs that never import mirrorkit
-    (:mod:`mirrorkit.compat.autofix`, via ``PYTHONPATH``) and, with
+    (:mod:`mirrorkit.launcher.autofix`, via ``PYTHONPATH``) and, with
     ``gpus_per_worker``, its own ``CUDA_VISIBLE_DEVICES``. Every output line
     is forwarded with a ``[rank] `` prefix. When a worker fails, the others
     are stopped (SIGTERM, SIGKILL after ``grace_period``) and, while restarts

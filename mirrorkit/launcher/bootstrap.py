@@ -2,7 +2,7 @@
 
 ``mirrorkit launch`` puts :data:`SITE_DIR` first on each worker's
 ``PYTHONPATH``; Python then imports its ``sitecustomize``, which runs any
-``sitecustomize`` it shadows, asks :mod:`mirrorkit.compat.autofix` to apply
+``sitecustomize`` it shadows, asks :mod:`mirrorkit.launcher.autofix` to apply
 mirrorkit's Keras fixes once the program imports TensorFlow and Keras, and
 calls :func:`keep_out_of_children`.
 

@@ -112,7 +112,7 @@ class WorkerGroup:
                 if threads:
                     env[_env.TF_INTRA_OP_THREADS] = str(threads)
                 # Python workers that never import mirrorkit still get its Keras
-                # fixes (mirrorkit.compat.autofix); MIRRORKIT_COMPAT=off turns them off.
+                # fixes (mirrorkit.launcher.autofix); MIRRORKIT_COMPAT=off turns them off.
                 env["PYTHONPATH"] = os.pathsep.join(
                     filter(None, [str(SITE_DIR), base_env.get("PYTHONPATH")]))
                 if spec.gpus_per_worker:

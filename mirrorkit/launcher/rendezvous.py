@@ -46,7 +46,7 @@ import time
 from typing import Callable
 
 from mirrorkit import _env
-from mirrorkit.compat.failure_detection import DEFAULT_JOIN_TIMEOUT
+from mirrorkit.distribute.failure_detection import DEFAULT_JOIN_TIMEOUT
 from mirrorkit.launcher.membership import Blame, Decision, Membership, View
 from mirrorkit.launcher.spec import LaunchSpec
 

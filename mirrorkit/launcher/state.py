@@ -77,7 +77,7 @@ class WorkerFailure:
     @property
     def lost_peer(self) -> str | None:
         """The worker's one-line account of a lost peer, when it died of one."""
-        from mirrorkit.compat.peer_loss import MARKER
+        from mirrorkit.distribute.peer_loss import MARKER
 
         found = [line.strip() for line in self.tail if line.strip().startswith(MARKER)]
         return found[-1] if found else None

@@ -17,7 +17,7 @@ import logging
 import math
 from typing import Any, Callable, Iterator
 
-from mirrorkit.compat.values import model_replicas
+from mirrorkit.strategy_facts import model_replicas
 
 logger = logging.getLogger(__name__)
 

@@ -99,7 +99,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from mirrorkit import _env
-from mirrorkit.compat import peer_loss
+from mirrorkit.distribute import peer_loss
 from mirrorkit.distribute.runtime import Runtime
 from mirrorkit.runner import chief_saving, downloads
 from mirrorkit.runner.config import RunConfig, ScriptFailed, check_script

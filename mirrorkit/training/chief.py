@@ -22,7 +22,7 @@ import tempfile
 import weakref
 from typing import Any, Iterator
 
-from mirrorkit.compat.values import in_multi_worker_mode
+from mirrorkit.strategy_facts import in_multi_worker_mode
 
 
 def strategy_of(model_or_strategy: Any) -> Any:

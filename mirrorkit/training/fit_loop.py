@@ -188,7 +188,7 @@ def failure_line(err: BaseException) -> str:
         >>> failure_line(ValueError("bad value\\nmore"))
         'ValueError: bad value'
     """
-    from mirrorkit.compat.peer_loss import explain
+    from mirrorkit.distribute.peer_loss import explain
 
     lost = explain(err) if not isinstance(err, (ValueError, KeyboardInterrupt)) else None
     if lost:

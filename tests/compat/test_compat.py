@@ -166,13 +166,13 @@ def test_several_steps_per_execution_on_two_replicas_need_the_multi_step_fix(tmp
 
 def test_failure_detection_settings_are_validated():
     with pytest.raises(ValueError, match="peer_timeout must be a positive number"):
-        compat.configure_failure_detection(peer_timeout=0)
+        mirrorkit.configure_failure_detection(peer_timeout=0)
     with _env.patch({_env.COLLECTIVE_TIMEOUT: "soon"}):
         with pytest.raises(ValueError, match="MIRRORKIT_COLLECTIVE_TIMEOUT must be a positive"):
-            compat.configure_failure_detection()
+            mirrorkit.configure_failure_detection()
     with _env.patch({_env.JOIN_TIMEOUT: "-3"}):
         with pytest.raises(ValueError, match="MIRRORKIT_JOIN_TIMEOUT"):
-            compat.configure_failure_detection()
+            mirrorkit.configure_failure_detection()
 
 
 _WORKER = textwrap.dedent('''

@@ -27,7 +27,7 @@ _SCRIPT = textwrap.dedent('''
 
     import mirrorkit
     if "TF_CONFIG" in os.environ:
-        mirrorkit.compat.configure_failure_detection()
+        mirrorkit.configure_failure_detection()
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
     else:
         strategy = tf.distribute.get_strategy()

@@ -36,6 +36,7 @@ from conftest import REPO, clean_env
 from workers import WorkerGroup
 
 from mirrorkit import compat
+from mirrorkit.distribute.failure_detection import EXIT_MARGIN
 
 APP = REPO / "apps" / "multi_worker.py"
 EPOCHS = 3
@@ -216,7 +217,7 @@ PEER_TIMEOUT = 5.0
 
 @pytest.mark.parametrize("victim", [1, 0], ids=["kill-worker", "kill-chief"])
 def test_dead_peer_fails_the_survivor_within_the_bound(tmp_path, victim):
-    bound = PEER_TIMEOUT + compat.EXIT_MARGIN
+    bound = PEER_TIMEOUT + EXIT_MARGIN
     survivor = 1 - victim
     args = _args(tmp_path / "out", tmp_path / "res", per_replica=16, epochs=100)
     with _start(tmp_path, 2, args, MIRRORKIT_COLLECTIVE_TIMEOUT=str(PEER_TIMEOUT)) as group:

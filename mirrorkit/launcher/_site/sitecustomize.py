@@ -1,7 +1,7 @@
 """mirrorkit's worker bootstrap (on PYTHONPATH only under ``mirrorkit launch``).
 
 Python imports ``sitecustomize`` at start-up. This one runs any
-``sitecustomize`` it shadows, then asks :mod:`mirrorkit.compat.autofix` to
+``sitecustomize`` it shadows, then asks :mod:`mirrorkit.launcher.autofix` to
 apply mirrorkit's Keras fixes once the program imports TensorFlow and Keras,
 and keeps ``TF_CONFIG`` and itself out of the processes the program starts
 (:mod:`mirrorkit.launcher.bootstrap`). It never fails the program: without
@@ -28,7 +28,7 @@ try:
     _run_shadowed()
 finally:
     try:
-        from mirrorkit.compat import autofix
+        from mirrorkit.launcher import autofix
 
         autofix.install()
     except Exception:  # a broken or missing mirrorkit must not break the worker

@@ -13,7 +13,7 @@ Nothing is imported eagerly: a worker that never imports TensorFlow pays
 nothing. ``MIRRORKIT_COMPAT=off`` turns the fixes off as everywhere else.
 
 Example (what the launcher's sitecustomize does):
-    >>> from mirrorkit.compat import autofix
+    >>> from mirrorkit.launcher import autofix
     >>> autofix.install()       # doctest: +SKIP
 """
 
@@ -32,15 +32,15 @@ logger = logging.getLogger(__name__)
 def _after_tensorflow() -> None:
     if _env.tf_config_text() is None:
         return
-    from mirrorkit import compat
+    from mirrorkit.distribute.failure_detection import configure_failure_detection
 
-    compat.configure_failure_detection()
+    configure_failure_detection()
 
 
 def _after_keras() -> None:
-    from mirrorkit import compat
+    from mirrorkit.distribute.fixes import apply_fixes
 
-    compat.apply()
+    apply_fixes()
 
 
 class _Loader(importlib.abc.Loader):
@@ -101,7 +101,7 @@ def install() -> bool:
         True when a hook was installed or a fix applied now.
 
     Example:
-        >>> from mirrorkit.compat import autofix
+        >>> from mirrorkit.launcher import autofix
         >>> autofix.install()       # doctest: +SKIP
         True
     """

@@ -1,7 +1,7 @@
 """Small facts about strategies and distributed values, shared by the fixes and the chief logic.
 
 Example:
-    >>> from mirrorkit.compat.values import local_first, replicas
+    >>> from mirrorkit.strategy_facts import local_first, replicas
     >>> local_first(None, 3), replicas(None)
     (3, 1)
 """

@@ -237,7 +237,7 @@ def install(heartbeat_timeout: float | None = None) -> None:
     """End this process with the one-line account if it dies of a lost peer.
 
     Idempotent; called where mirrorkit configures a multi-worker process
-    (:func:`mirrorkit.compat.configure_failure_detection`, :func:`mirrorkit.compat.apply`).
+    (:func:`mirrorkit.configure_failure_detection`, :func:`mirrorkit.distribute.fixes.apply_fixes`).
     Other exceptions keep Python's (or the program's own) hook.
 
     Args:

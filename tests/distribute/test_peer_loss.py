@@ -3,7 +3,7 @@
 The texts are those TensorFlow 2.21 raised on network-namespace hosts when a
 peer was frozen (SIGSTOP), killed, or cut off (link down); the real runs are
 in ``tests/distribute/test_multi_host.py``. Here each text goes through
-:func:`mirrorkit.compat.peer_loss.explain` with real ``tf.errors`` classes,
+:func:`mirrorkit.distribute.peer_loss.explain` with real ``tf.errors`` classes,
 plus the excepthook, the runner and the launcher summary that use it.
 """
 
@@ -16,7 +16,7 @@ import sys
 import pytest
 import tensorflow as tf
 
-from mirrorkit.compat import peer_loss
+from mirrorkit.distribute import peer_loss
 from mirrorkit.launcher import RunResult, WorkerFailure, WorkerState
 
 CLUSTER = {"worker": ["hosta:23400", "hostb:23400"]}
@@ -109,7 +109,7 @@ def test_the_cause_chain_is_searched():
 def test_a_worker_dying_of_a_lost_peer_ends_with_the_line_not_a_traceback(tmp_path):
     code = (
         "import json, os, tensorflow as tf\n"
-        "from mirrorkit.compat import peer_loss\n"
+        "from mirrorkit.distribute import peer_loss\n"
         "peer_loss.install(heartbeat_timeout=10)\n"
         f"raise tf.errors.UnavailableError(None, None, {FROZEN!r})\n")
     env = {"TF_CONFIG": '{"cluster": {"worker": ["hosta:23400", "hostb:23400"]}, '
@@ -127,7 +127,7 @@ def test_a_worker_dying_of_a_lost_peer_ends_with_the_line_not_a_traceback(tmp_pa
 
 
 def test_other_exceptions_keep_their_traceback(tmp_path):
-    code = ("from mirrorkit.compat import peer_loss\npeer_loss.install()\n"
+    code = ("from mirrorkit.distribute import peer_loss\npeer_loss.install()\n"
             "raise KeyError('mine')\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)

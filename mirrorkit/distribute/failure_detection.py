@@ -6,8 +6,8 @@ the coordination service before the strategy exists so both are bounded
 (``MIRRORKIT_COLLECTIVE_TIMEOUT``, ``MIRRORKIT_JOIN_TIMEOUT``).
 
 Example:
-    >>> from mirrorkit import compat
-    >>> compat.configure_failure_detection(peer_timeout=20)   # doctest: +SKIP
+    >>> from mirrorkit.distribute.failure_detection import configure_failure_detection
+    >>> configure_failure_detection(peer_timeout=20)   # doctest: +SKIP
     {'peer_timeout': 20.0, 'join_timeout': 300.0}
 """
 
@@ -17,7 +17,7 @@ import logging
 from typing import Callable
 
 from mirrorkit import _env
-from mirrorkit.compat import peer_loss
+from mirrorkit.distribute import peer_loss
 
 logger = logging.getLogger(__name__)
 
@@ -84,8 +84,8 @@ def configure_failure_detection(
         or ``{}`` when nothing was configured.
 
     Example:
-        >>> from mirrorkit import compat
-        >>> compat.configure_failure_detection(peer_timeout=20)   # doctest: +SKIP
+        >>> from mirrorkit.distribute.failure_detection import configure_failure_detection
+        >>> configure_failure_detection(peer_timeout=20)   # doctest: +SKIP
         {'peer_timeout': 20.0, 'join_timeout': 300.0}
         >>> strategy = tf.distribute.MultiWorkerMirroredStrategy()  # doctest: +SKIP
     """
