@@ -54,6 +54,15 @@ class _LazyGroup(click.Group):
         module, _, attr = target.partition(":")
         return getattr(importlib.import_module(module), attr)
 
+    def invoke(self, ctx: click.Context) -> Any:
+        # Here rather than in main() so CliRunner sees what a user sees: a
+        # mistake of theirs is one line (user_errors, in each command), an
+        # unexpected exception is a bug in mirrorkit, shown with its traceback.
+        from mirrorkit.commands._common import bug_reports
+
+        with bug_reports():
+            return super().invoke(ctx)
+
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="mirrorkit")
@@ -72,7 +81,10 @@ def main(argv: list[str] | None = None) -> Any:
     """Entry point of the ``mirrorkit`` console script.
 
     A usage mistake (an unknown option, ``--epochs abc``) is one line naming
-    the help to read, exit status 2, instead of click's usage block. The
+    the help to read, exit status 2, instead of click's usage block. Another
+    mistake of the user's is one line and status 1; an exception mirrorkit
+    did not expect keeps its traceback, followed by one line saying it is a
+    bug to report (status 1, see ``commands._common.bug_reports``). The
     umask gains ``o-w``: run folders, models and logs (also the launched
     workers') are never world-writable, otherwise as the user's umask says.
 

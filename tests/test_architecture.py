@@ -19,7 +19,7 @@ MAX_LINES = 400
 # Lower layers never import higher ones; packages of one layer never import
 # each other. The top layer is the public face and the command line.
 LAYERS = {
-    "mirrorkit.protocol": 0, "mirrorkit._version": 0,
+    "mirrorkit.protocol": 0, "mirrorkit._version": 0, "mirrorkit.errors": 0,
     "mirrorkit._env": 1, "mirrorkit._checks": 1,
     "mirrorkit.patching": 2, "mirrorkit.strategy_facts": 2,
     "mirrorkit.compat": 3,

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from mirrorkit.bench.config import _PIP_HINT, FIELDS, BenchReport
+from mirrorkit.errors import MissingDependency
 
 
 def write_report(report: BenchReport, output: str | os.PathLike) -> dict[str, Path]:
@@ -72,7 +73,7 @@ def plot_report(report: BenchReport, path: str | os.PathLike) -> Path:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as err:
-        raise ImportError(
+        raise MissingDependency(
             f"bench.png needs matplotlib, which is not installed: {_PIP_HINT} "
             "(bench.json and bench.csv were written)"
         ) from err

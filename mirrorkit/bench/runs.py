@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 
 from mirrorkit import _env
 from mirrorkit.bench.config import RESULT_TAG, BenchConfig, BenchReport, BenchRow, Case
+from mirrorkit.errors import RunError
 
 logger = logging.getLogger(__name__)
 
@@ -143,10 +144,10 @@ def _run_case(config: BenchConfig, case: Case) -> dict[str, Any]:
         proc = subprocess.run(child_command(config, case), capture_output=True, text=True,
                               env=env, timeout=config.timeout + 60)
     except subprocess.TimeoutExpired as err:
-        raise RuntimeError(f"timed out after {config.timeout:.0f} s") from err
+        raise RunError(f"timed out after {config.timeout:.0f} s") from err
     result = parse_result(proc.stdout)
     if proc.returncode != 0 or result is None:
-        raise RuntimeError(f"exited with {proc.returncode}: {_reason(proc.stderr) or 'no output'}")
+        raise RunError(f"exited with {proc.returncode}: {_reason(proc.stderr) or 'no output'}")
     return result
 
 
@@ -162,12 +163,12 @@ def _run_workers(config: BenchConfig, case: Case) -> dict[str, Any]:
     if result.exit_code != 0:
         cause = result.root_cause
         detail = _reason("\n".join(cause.tail)) if cause is not None and cause.tail else ""
-        raise RuntimeError(f"{cause.describe() if cause else result.summary()}"
-                           f"{': ' + detail if detail else ''}")
+        raise RunError(f"{cause.describe() if cause else result.summary()}"
+                       f"{': ' + detail if detail else ''}")
     chief = "\n".join(line[4:] for line in out.getvalue().splitlines() if line.startswith("[0] "))
     parsed = parse_result(chief)
     if parsed is None:
-        raise RuntimeError(f"worker 0 printed no result: {_reason(err.getvalue())}")
+        raise RunError(f"worker 0 printed no result: {_reason(err.getvalue())}")
     return parsed
 
 

@@ -1,21 +1,37 @@
-"""Helpers shared by the commands: user errors to one line, common options."""
+"""Helpers shared by the commands: user errors to one line, mirrorkit's own bugs reported, common options."""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+import traceback
+from typing import IO, Any, Callable, Iterator
 
 import click
 
-# Library errors a user can cause with bad input or environment. Anything else
-# is a bug in mirrorkit and keeps its traceback.
+from mirrorkit._version import __version__
+from mirrorkit.errors import MissingDependency, RunError
+
+# Library errors a user can cause with bad input or environment: one line,
+# no traceback. A bare RuntimeError or ImportError is not one of them: raised
+# inside mirrorkit it is a defect (see mirrorkit.errors), reported by
+# bug_reports() with its traceback.
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError,
-               PermissionError, RuntimeError, ImportError)
+               PermissionError, RunError, MissingDependency)
+
+# click's own control flow (Exit and Abort are RuntimeErrors) passes untouched.
+_CLICK_FLOW = (click.ClickException, click.exceptions.Exit, click.Abort)
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
 
 
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
     """Turn the library's user-facing exceptions into one-line click errors.
+
+    Only :data:`USER_ERRORS` are converted; anything else propagates to
+    :func:`bug_reports`.
 
     Example:
         >>> with user_errors():                          # doctest: +SKIP
@@ -24,11 +40,66 @@ def user_errors() -> Iterator[None]:
     """
     try:
         yield
-    except click.ClickException:
+    except _CLICK_FLOW:
         raise
     except USER_ERRORS as err:
-        text = " ".join(str(err).split()) or type(err).__name__
-        raise click.ClickException(text) from err
+        raise click.ClickException(_one_line(err)) from err
+
+
+class InternalError(click.ClickException):
+    """An exception mirrorkit did not expect: its traceback, then one line asking for a report.
+
+    Exit status 1 (click's failure status; 2 stays the usage error's).
+
+    Example:
+        >>> err = InternalError(RuntimeError("step counter went backwards"))
+        >>> err.exit_code, err.message.split(". ")[0]
+        (1, 'RuntimeError: step counter went backwards')
+    """
+
+    exit_code = 1
+
+    def __init__(self, error: BaseException) -> None:
+        first = next((ln.strip() for ln in str(error).splitlines() if ln.strip()), "")
+        what = f"{type(error).__name__}: {first}" if first else type(error).__name__
+        super().__init__(
+            f"{what}. This is a bug in mirrorkit {__version__}: please report it "
+            "with the traceback above and the output of `mirrorkit info --json`.")
+        self.error = error
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo("".join(traceback.format_exception(
+            type(self.error), self.error, self.error.__traceback__)), file=file, err=True, nl=False)
+        super().show(file)
+
+
+@contextlib.contextmanager
+def bug_reports() -> Iterator[None]:
+    """Report an unexpected exception as a bug in mirrorkit: traceback, then one line.
+
+    The commands wrap their library calls in :func:`user_errors`, so what
+    reaches this is either not a user's mistake or raised by a command's
+    own code: both are mirrorkit's to fix. A lost multi-worker peer is not a
+    bug either: it propagates unchanged, so the one-line account of
+    :mod:`mirrorkit.distribute.peer_loss` ends the process as before.
+
+    Example:
+        >>> with bug_reports():                          # doctest: +SKIP
+        ...     raise RuntimeError("step counter went backwards")
+        Traceback (most recent call last):
+        ...
+        Error: RuntimeError: step counter went backwards. This is a bug in mirrorkit ...
+    """
+    try:
+        yield
+    except _CLICK_FLOW:
+        raise
+    except Exception as err:
+        from mirrorkit.distribute.peer_loss import explain
+
+        if explain(err) is not None:
+            raise
+        raise InternalError(err) from err
 
 
 def simulate_cpus_option(func: Callable[..., Any]) -> Callable[..., Any]:

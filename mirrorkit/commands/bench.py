@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from mirrorkit.commands._common import user_errors
+from mirrorkit.errors import MissingDependency, RunError
 
 
 @click.command()
@@ -57,13 +58,13 @@ def bench(model: str, dataset: str, replicas: str, workers: str,
         click.echo(report.table())
         try:
             paths = write_report(report, output)
-        except ImportError as err:
+        except MissingDependency as err:
             # JSON and CSV are already written; the plot is the optional part.
             click.echo(f"wrote {output}/bench.json, {output}/bench.csv", err=True)
             raise click.ClickException(str(err)) from err
         click.echo(f"wrote {paths['json']}, {paths['csv']}, {paths['png']}", err=True)
         if report.failed:
-            raise RuntimeError(
+            raise RunError(
                 f"{len(report.failed)} of {len(report.rows)} configurations failed "
                 f"(first: workers={report.failed[0].workers} replicas="
                 f"{report.failed[0].replicas}: {report.failed[0].error}); see {paths['json']}"

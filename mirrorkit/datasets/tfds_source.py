@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mirrorkit.datasets._base import DataOptions, ImageData, decode_fn
+from mirrorkit.errors import MissingDependency
 
 # Used when the dataset has neither a "validation" nor a "test" split.
 _HOLDOUT = "[90%:]"
@@ -27,7 +28,7 @@ def _import_tfds() -> Any:
     try:
         import tensorflow_datasets as tfds
     except ImportError as err:  # pragma: no cover - a declared dependency
-        raise ImportError(
+        raise MissingDependency(
             "tfds: datasets need tensorflow-datasets: pip install 'tensorflow-datasets>=4.9.10' "
             "importlib_resources") from err
     return tfds

@@ -19,6 +19,7 @@ import os
 from typing import Any
 
 from mirrorkit import _env
+from mirrorkit.errors import RunError
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ def configure_cpus(tf: Any, n: int) -> None:
         have = len(tf.config.list_logical_devices("CPU"))
         if have == n:
             return
-        raise RuntimeError(
+        raise RunError(
             f"Cannot split the CPU into {n} logical devices: TensorFlow's runtime "
             f"is already initialised with {have}. Call mirrorkit.get_strategy() "
             "(or set MIRRORKIT_SIMULATE_CPUS) before any other TensorFlow op, "

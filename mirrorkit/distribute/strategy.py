@@ -20,6 +20,7 @@ from mirrorkit.distribute import devices, slurm
 from mirrorkit.distribute.cluster import ClusterSpec, parse_tf_config
 from mirrorkit.distribute.runtime import Runtime
 from mirrorkit.distribute.selection import KINDS, Selection, check_kind, select
+from mirrorkit.errors import RunError
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ def _create_multi_worker(tf: Any) -> Any:
     try:
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
     except (RuntimeError, ValueError) as err:
-        raise RuntimeError(
+        raise RunError(
             "Cannot create MultiWorkerMirroredStrategy: "
             f"{str(err).splitlines()[0] if str(err) else type(err).__name__}. "
             "It must be created before any other TensorFlow op: call "
@@ -99,7 +100,7 @@ def _create_multi_worker(tf: Any) -> Any:
         # Typically DeadlineExceeded: not every worker joined in time.
         lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
         missing = [ln for ln in lines if ln.startswith("/job:")]
-        raise RuntimeError(
+        raise RunError(
             "Cannot form the multi-worker cluster: "
             f"{lines[0] if lines else type(err).__name__}"
             + (f" Missing: {', '.join(missing)}." if missing else "")
@@ -178,7 +179,7 @@ def get_strategy(kind: str | None = None, *, simulate_cpus: int | None = None) -
     if prior is not None:
         if (prior.kind, prior.simulate_cpus, prior.cluster) == (sel.kind, sel.simulate_cpus, sel.cluster):
             return _STATE["strategy"]
-        raise RuntimeError(
+        raise RunError(
             f"This process already created a {prior.kind!r} strategy "
             f"({prior.reason}); it cannot switch to {sel.kind!r} "
             f"({sel.reason}). Start a new process to change strategies."

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import IO, Any, Callable
 
 from mirrorkit import _env
+from mirrorkit.errors import RunError
 from mirrorkit.launcher import worker_status
 from mirrorkit.launcher.group import WorkerGroup
 from mirrorkit.launcher.hosts import check_hosts
@@ -248,7 +249,7 @@ def launch(spec: LaunchSpec, *, stdout: IO[str] | None = None,
             try:
                 group = WorkerGroup(spec, view, argv, streams, wake, isolation)
             except (OSError, ValueError) as err:
-                raise RuntimeError(
+                raise RunError(
                     f"Cannot restart the workers: {err} (the previous attempt "
                     f"failed because {decision.view.reason})"
                 ) from err

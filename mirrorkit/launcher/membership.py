@@ -37,6 +37,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+from mirrorkit.errors import RunError
+
 
 @dataclasses.dataclass(frozen=True)
 class View:
@@ -154,7 +156,7 @@ class Membership:
             return view
         decision = self._drop(view, list(missing))
         if decision.view is None:
-            raise RuntimeError(decision.failed)
+            raise RunError(decision.failed)
         return dataclasses.replace(decision.view, attempt=0, reason=None)
 
     def decide(self, view: View, blamed: Blame | None, missing: Sequence[Blame] = (),

@@ -47,6 +47,7 @@ from typing import Callable
 
 from mirrorkit import _env
 from mirrorkit.distribute.failure_detection import DEFAULT_JOIN_TIMEOUT
+from mirrorkit.errors import RunError
 from mirrorkit.launcher.membership import Blame, Decision, Membership, View
 from mirrorkit.launcher.spec import LaunchSpec
 
@@ -306,8 +307,8 @@ class RendezvousClient:
                 return sock
             except OSError as err:
                 if time.monotonic() > deadline or self._interrupted():
-                    raise RuntimeError(f"Cannot reach the rendezvous at {self._where()} "
-                                       f"within {self._join_timeout:g} s: {err}") from err
+                    raise RunError(f"Cannot reach the rendezvous at {self._where()} "
+                                   f"within {self._join_timeout:g} s: {err}") from err
                 time.sleep(0.5)
 
     def _read(self) -> None:
@@ -359,7 +360,7 @@ class RendezvousClient:
         """
         decision = self._answer(self._join_timeout + _ANSWER_SLACK)
         if decision.view is None:
-            raise RuntimeError(decision.failed)
+            raise RunError(decision.failed)
         return decision.view
 
     def stop_requested(self, attempt: int) -> bool:

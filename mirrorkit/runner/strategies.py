@@ -19,6 +19,7 @@ import logging
 import sys
 from typing import Any, Iterator
 
+from mirrorkit.errors import RunError
 from mirrorkit.runner.scope import ScriptScope
 
 logger = logging.getLogger(__name__)
@@ -150,7 +151,7 @@ def _construct(original: type, public_name: str, scope: ScriptScope,
             f"; its {', '.join(unused)} argument is not used" if unused else "")
         return scope.strategy
     if resolver is not None and scope.runtime.strategy == "multi_worker":
-        raise RuntimeError(
+        raise RunError(
             f"{call} cannot be created: `mirrorkit run` already joined this process to "
             f"the cluster in TF_CONFIG as {scope.runtime.task}, and TensorFlow allows one "
             "multi-worker strategy per process. Drop the cluster_resolver argument to "

@@ -55,6 +55,7 @@ from typing import Any
 import keras
 
 from mirrorkit.compat.saving_cache import share_saving_references
+from mirrorkit.errors import MissingDependency
 from mirrorkit.training.chief import (
     Scratch,
     broadcast_from_chief,
@@ -270,7 +271,7 @@ class TensorBoard(keras.callbacks.TensorBoard):
         # TF 2.21 no longer installs TensorBoard; without it Keras fails at the
         # first summary, mid-epoch, after creating an empty event file.
         if importlib.util.find_spec("tensorboard") is None:
-            raise ImportError(
+            raise MissingDependency(
                 "mirrorkit.callbacks.TensorBoard needs the tensorboard package, "
                 "which TensorFlow 2.21 does not install: pip install tensorboard")
         super().__init__(log_dir=log_dir, **kwargs)

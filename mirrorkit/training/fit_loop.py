@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from mirrorkit import _env
+from mirrorkit.errors import RunError
 from mirrorkit.training.events import EVENTS_FILE, EventLog
 from mirrorkit.training.output import has_backup, make_output
 
@@ -205,6 +206,6 @@ def _stopped(err: Any, run: Any, plan: Any, rollback: Any) -> RuntimeError:
             else "no epoch had finished, so there is no backup")
     after = (f" after {len(rollback.incidents)} rollback(s) (--max-rollbacks "
              f"{rollback.max_rollbacks})" if rollback.incidents else "")
-    return RuntimeError(
+    return RunError(
         f"Training stopped: {err}{after}; {kept}. Lower the learning rate (--lr "
         f"{config.base_lr:g} was scaled to {plan.lr:g}) or check the data for NaN/inf values.")

@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from mirrorkit.errors import MissingDependency
 from mirrorkit.training.events import EVENTS_FILE, read_events
 
 _PIP_HINT = 'pip install "mirrorkit[bench]"'
@@ -180,8 +181,8 @@ def plot(runs: list[Run], path: str | os.PathLike) -> Path:
         import matplotlib.pyplot as plt
         from matplotlib.ticker import MaxNLocator
     except ImportError as err:
-        raise ImportError(f"The report's PNG needs matplotlib, which is not installed: "
-                          f"{_PIP_HINT}") from err
+        raise MissingDependency(f"The report's PNG needs matplotlib, which is not installed: "
+                                f"{_PIP_HINT}") from err
     fig, axes = plt.subplots(1, 3, figsize=(14, 4), constrained_layout=True)
     for run in runs:
         epochs = [int(r.get("epoch", i)) + 1 for i, r in enumerate(run.history)]

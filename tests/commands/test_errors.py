@@ -1,0 +1,144 @@
+"""A user's mistake is one line; a bug in mirrorkit keeps its traceback and asks for a report.
+
+Through real commands (``mirrorkit report``, ``mirrorkit tf-config``), in
+process with ``CliRunner`` and as a subprocess of the real entry point. The
+internal errors are provoked by making one of mirrorkit's own library
+functions raise.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import click
+import pytest
+from click.testing import CliRunner
+from conftest import clean_env
+
+from mirrorkit.cli import cli
+from mirrorkit.commands._common import USER_ERRORS, bug_reports
+from mirrorkit.errors import MissingDependency, RunError
+from mirrorkit.training import run_report
+
+BUG_LINE = "This is a bug in mirrorkit"
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """A finished run's files, as `mirrorkit train` writes them (no TensorFlow needed)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.json").write_text(json.dumps(
+        {"model": "cnn", "dataset": "digits", "epochs": 1, "epochs_run": 1,
+         "val_accuracy": 0.9, "val_loss": 0.3, "replicas": 1, "workers": 1}))
+    (run / "history.csv").write_text("epoch,loss,accuracy\n0,0.5,0.8\n")
+    return run
+
+
+def _lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def test_user_errors_are_the_explicit_types_not_bare_runtime_or_import_errors():
+    assert RunError in USER_ERRORS and MissingDependency in USER_ERRORS
+    assert RuntimeError not in USER_ERRORS and ImportError not in USER_ERRORS
+    # Callers that catch the builtins still catch the new types.
+    assert issubclass(RunError, RuntimeError) and issubclass(MissingDependency, ImportError)
+
+
+@pytest.mark.parametrize("args, start", [
+    (["report", "surely/not/a/run"], "Error: Not a mirrorkit run: surely/not/a/run"),
+    (["tf-config", "--workers", "a:1,b:2", "--index", "5"], "Error: "),
+])
+def test_a_user_mistake_is_exactly_one_line(args, start):
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1, result.output
+    assert len(_lines(result.stderr)) == 1 and result.stderr.startswith(start), result.stderr
+    assert "Traceback" not in result.output and BUG_LINE not in result.output
+
+
+def test_a_user_mistake_through_the_real_cli_is_one_line_and_status_1():
+    proc = subprocess.run([sys.executable, "-m", "mirrorkit.cli", "report", "surely/not/a/run"],
+                          capture_output=True, text=True, env=clean_env(), timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert _lines(proc.stderr) == [proc.stderr.strip()]
+    assert proc.stderr.startswith("Error: Not a mirrorkit run"), proc.stderr
+
+
+def test_a_usage_mistake_keeps_status_2():
+    proc = subprocess.run([sys.executable, "-m", "mirrorkit.cli", "report", "--no-such-flag"],
+                          capture_output=True, text=True, env=clean_env(), timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert len(_lines(proc.stderr)) == 1 and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("error", [RuntimeError("the step counter went backwards"),
+                                   ImportError("cannot import name 'x' from 'mirrorkit.y'"),
+                                   KeyError("epoch")])
+def test_an_internal_error_shows_its_traceback_and_the_bug_line(monkeypatch, run_dir, error):
+    def broken(run):
+        raise error
+
+    # summary() is mirrorkit's own code that `mirrorkit report` reaches for real.
+    monkeypatch.setattr(run_report, "summary", broken)
+    result = CliRunner().invoke(cli, ["report", str(run_dir)])
+    assert result.exit_code == 1, result.output
+    err = result.stderr
+    assert err.startswith("Traceback (most recent call last):"), err
+    assert "in broken" in err
+    last = _lines(err)[-1]
+    assert last.startswith(f"Error: {type(error).__name__}: "), last
+    assert BUG_LINE in last and "mirrorkit info --json" in last
+    assert not (run_dir / "report.png").exists()
+
+
+def test_an_internal_error_through_the_real_entry_point(run_dir):
+    code = textwrap.dedent(f"""
+        from mirrorkit.training import run_report
+        def broken(run):
+            raise RuntimeError("the step counter went backwards")
+        run_report.summary = broken
+        from mirrorkit.cli import main
+        main(["report", {str(run_dir)!r}])
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=clean_env(), timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.count("Traceback (most recent call last):") == 1, proc.stderr
+    assert "RuntimeError: the step counter went backwards\n" in proc.stderr
+    last = _lines(proc.stderr)[-1]
+    assert last.startswith("Error: RuntimeError: the step counter went backwards. " + BUG_LINE)
+
+
+def test_a_missing_optional_package_is_one_line_with_the_pip_command(monkeypatch, run_dir):
+    # A real failed import: None in sys.modules makes `import matplotlib` raise.
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    result = CliRunner().invoke(cli, ["report", str(run_dir)])
+    assert result.exit_code == 1, result.output
+    assert _lines(result.stderr) == [
+        'Error: The report\'s PNG needs matplotlib, which is not installed: '
+        'pip install "mirrorkit[bench]"'], result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_clicks_own_exits_pass_through():
+    with pytest.raises(click.exceptions.Exit):
+        with bug_reports():
+            raise click.exceptions.Exit(3)  # a RuntimeError in click, not a bug
+
+
+def test_a_lost_peer_is_not_reported_as_a_bug():
+    import tensorflow as tf
+
+    # peer_loss's own excepthook turns this into its one-line account.
+    lost = tf.errors.UnavailableError(None, None, "Collective ops is aborted by: The following "
+                                      "tasks are unhealthy (stopped sending heartbeats):\n"
+                                      "/job:worker/task:1")
+    with pytest.raises(tf.errors.UnavailableError):
+        with bug_reports():
+            raise lost
