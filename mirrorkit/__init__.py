@@ -12,6 +12,7 @@ Example:
 
 from typing import Any
 
+from mirrorkit._version import __version__
 from mirrorkit.data import (
     BatchSize,
     distribute_from_function,
@@ -28,7 +29,6 @@ from mirrorkit.distribute.scope import build, scope, sync_batch_norm
 from mirrorkit.distribute.strategy import describe, get_strategy, select
 from mirrorkit.distribute.sync import weights_in_sync
 
-__version__ = "0.1.0"
 
 __all__ = [
     "BatchSize",
