@@ -48,6 +48,8 @@ import resource
 import threading
 from typing import Any
 
+from mirrorkit.patching import engine
+
 logger = logging.getLogger(__name__)
 
 NAME = "malloc-thresholds"
@@ -63,7 +65,6 @@ _PROBE_ROUNDS = 50
 
 _state: dict[str, str] = {}
 # The StrategyBase methods wrapped while a decision waits: name -> original.
-_deferred: dict[str, Any] = {}
 _DISTRIBUTE_METHODS = ("experimental_distribute_dataset", "distribute_datasets_from_function")
 
 
@@ -189,7 +190,7 @@ def _decide_at_first_distributed_dataset() -> None:
     # A strategy exists once it distributes a dataset, and no distributed
     # iterator does yet: the moment to decide. Wrapped on the base class, so
     # every strategy's (and Keras fit's) call goes through it once.
-    if _deferred:
+    if engine.is_applied(NAME):
         return
     try:
         from tensorflow.python.distribute import distribute_lib
@@ -197,11 +198,9 @@ def _decide_at_first_distributed_dataset() -> None:
         return
     base = distribute_lib.StrategyBase
     for name in _DISTRIBUTE_METHODS:
-        original = base.__dict__.get(name)
-        if original is None:
-            continue
-        _deferred[name] = original
-        setattr(base, name, _deciding_first(original))
+        if name in vars(base):
+            # restore() decided whether this patch is wanted: force.
+            engine.replace(NAME, base, name, _deciding_first, force=True)
 
 
 def _deciding_first(original: Any) -> Any:
@@ -213,18 +212,11 @@ def _deciding_first(original: Any) -> Any:
             restore()
         return original(self, *args, **kwargs)
 
-    first_call.__wrapped__ = original  # type: ignore[attr-defined]
     return first_call
 
 
 def _stop_waiting() -> None:
-    if not _deferred:
-        return
-    from tensorflow.python.distribute import distribute_lib
-
-    for name, original in _deferred.items():
-        setattr(distribute_lib.StrategyBase, name, original)
-    _deferred.clear()
+    engine.undo(NAME)
 
 
 def state() -> str:

@@ -46,6 +46,7 @@ import functools
 import logging
 from typing import Any, Callable
 
+from mirrorkit.patching import engine
 from mirrorkit.strategy_facts import model_replicas
 
 logger = logging.getLogger(__name__)
@@ -114,7 +115,7 @@ def _guard_maker(original: Callable[..., Any], attr: str) -> Callable[..., Any]:
         result = original(self, force=force)
         # make_test_function returns nothing; both store the function.
         function = getattr(self, attr, None)
-        if function is None or getattr(function, "__mirrorkit_guarded__", False) \
+        if function is None or engine.patched_by(function) == "empty-conv" \
                 or not model_replicas(self) > 1 or not _kernel_is_broken():
             return result
 
@@ -127,8 +128,8 @@ def _guard_maker(original: Callable[..., Any], attr: str) -> Callable[..., Any]:
             finally:
                 _inference_depth -= 1
 
-        guarded.__mirrorkit_guarded__ = True  # type: ignore[attr-defined]
-        setattr(self, attr, guarded)
+        if not engine.on_object("empty-conv", self, attr, guarded):
+            return result
         return guarded if result is not None else None
 
     return make

@@ -36,6 +36,8 @@ import importlib
 from typing import Any, Callable
 
 from mirrorkit.compat import known_issues
+from mirrorkit.patching import engine
+from mirrorkit.patching.catalogue import PATCHES
 
 
 class FixUnavailable(RuntimeError):
@@ -74,10 +76,12 @@ class Decision:
 class Fix:
     """One upstream failure and the patch that works around it.
 
+    Its record (what it changes, the upstream issue, the versions tested) is
+    ``PATCHES[name]`` in :mod:`mirrorkit.patching.catalogue`; this object holds
+    the mechanics. It is installed through :mod:`mirrorkit.patching.engine`.
+
     Attributes:
         name: short name used by ``disable=`` and ``MIRRORKIT_COMPAT_DISABLE``.
-        ref: the upstream issue, as listed in :mod:`mirrorkit.compat.known_issues`.
-        summary: what breaks without the fix, in one sentence.
         error: a fragment of the upstream error message (tests assert it).
         target: ``(module, attribute, class or None)`` of the patched function.
         make: builds the patched function from the original.
@@ -89,13 +93,21 @@ class Fix:
     """
 
     name: str
-    ref: str
-    summary: str
     error: str
     target: tuple[str, str, str | None]
     make: Callable[[Callable[..., Any]], Callable[..., Any]]
     probe: Callable[[Any], bool | None] | None = None
     also: tuple[tuple[str, str, str | None, Callable[..., Any]], ...] = ()
+
+    @property
+    def ref(self) -> str:
+        """The upstream issue, as listed in :mod:`mirrorkit.compat.known_issues`."""
+        return PATCHES[self.name].reason.split(":", 1)[0]
+
+    @property
+    def summary(self) -> str:
+        """What breaks without the fix, in one sentence."""
+        return PATCHES[self.name].reason.split(":", 1)[1].strip()
 
     def _targets(self) -> list[tuple[tuple[str, str, str | None], Callable[..., Any]]]:
         found = [(self.target, self.make)]
@@ -125,7 +137,7 @@ class Fix:
         owner = self._owner(target)
         current = vars(owner).get(target[1], getattr(owner, target[1])) \
             if isinstance(owner, type) else getattr(owner, target[1])
-        return getattr(current, "__mirrorkit_original__", current)
+        return engine.original(current)
 
     def issue(self) -> known_issues.KnownIssue:
         """The known-issue entry of this fix (its tested version range).
@@ -179,7 +191,7 @@ class Fix:
             current = self._current(self.target)
         except FixUnavailable:
             return False
-        return getattr(current, "__mirrorkit_fix__", None) == self.name
+        return engine.patched_by(current) == self.name
 
     def apply(self) -> None:
         """Patch the target (idempotent).
@@ -193,12 +205,10 @@ class Fix:
         try:
             for target, make in self._targets():
                 original = self._original(target)
-                patched = make(original)
-                if callable(patched) and not isinstance(patched, property):
-                    functools.update_wrapper(patched, original)
-                patched.__mirrorkit_fix__ = self.name  # type: ignore[attr-defined]
-                patched.__mirrorkit_original__ = original  # type: ignore[attr-defined]
-                setattr(self._owner(target), target[1], patched)
+                # The registry has decided (disable=, the environment): force.
+                engine.replace(self.name, self._owner(target), target[1],
+                               lambda _current, make=make, original=original:
+                               _wrapped(make, original), force=True)
         except FixUnavailable:
             self.revert()
             raise
@@ -209,10 +219,7 @@ class Fix:
 
     def revert(self) -> None:
         """Put Keras's own functions back (a no-op where not applied or gone)."""
-        for target, _make in self._targets() if self._has_target() else ():
-            current = self._current(target)
-            if getattr(current, "__mirrorkit_fix__", None) == self.name:
-                setattr(self._owner(target), target[1], current.__mirrorkit_original__)
+        engine.undo(self.name)
 
     def _has_target(self) -> bool:
         try:
@@ -221,3 +228,9 @@ class Fix:
             return False
         return True
 
+
+def _wrapped(make: Callable[[Any], Any], original: Any) -> Any:
+    patched = make(original)
+    if callable(patched) and not isinstance(patched, property):
+        functools.update_wrapper(patched, original)
+    return patched

@@ -48,6 +48,7 @@ from mirrorkit.compat import (
     symbolic_build,
 )
 from mirrorkit.compat.fix import Decision, Fix, FixUnavailable
+from mirrorkit.patching import switches
 
 logger = logging.getLogger(__name__)
 
@@ -65,34 +66,23 @@ UNAVAILABLE = "unavailable"
 
 # The three *_on_batch methods share one upstream bug (keras-on-batch).
 _ON_BATCH = (
-    ("predict", "N times the rows come back", "returned N times the rows", on_batch.make_predict),
-    ("test", "summed metrics count each example N times",
-     "counted every example N times", on_batch.make_test),
-    ("train", "summed metrics count each example N times and every replica does the "
-     "whole batch's work", "counted every example N times", on_batch.make_train),
+    ("predict", "returned N times the rows", on_batch.make_predict),
+    ("test", "counted every example N times", on_batch.make_test),
+    ("train", "counted every example N times", on_batch.make_train),
 )
 
+# The mechanics of each fix; what it is and why is its record in
+# mirrorkit.patching.catalogue (the same name).
 FIXES: dict[str, Fix] = {fix.name: fix for fix in (
-    Fix("symbolic-build", "keras#20585",
-        "fit/evaluate reduce a PerReplica data batch to build the model, which fails across "
-        "workers and whenever the global batch does not divide by the replicas.",
-        "Attempt to convert a value (PerReplica",
+    Fix("symbolic-build", "Attempt to convert a value (PerReplica",
         (_TRAINER, "_maybe_symbolic_build", "TensorFlowTrainer"), symbolic_build.make,
         probes.uneven_global_batch),
-    Fix("scalar-logs", "tensorflow#72388",
-        "the multi-worker branch of reduce_per_replica reduces scalar logs on axis 0.",
-        "Invalid reduction dimension 0 for input with 0 dimensions",
+    Fix("scalar-logs", "Invalid reduction dimension 0 for input with 0 dimensions",
         (_TRAINER, "reduce_per_replica", None), scalar_logs.make),
-    Fix("multi-step", "keras#19246",
-        "steps_per_execution > 1 fails in fit/evaluate under a strategy with 2+ replicas "
-        "(the step runs inside a tf.cond in a while loop).",
-        "You must feed a value for placeholder tensor",
+    Fix("multi-step", "You must feed a value for placeholder tensor",
         (_TRAINER, "_make_function", "TensorFlowTrainer"), multistep.make,
         probes.several_steps_per_call),
-    Fix("empty-conv", "tensorflow#30968",
-        "TensorFlow's oneDNN CPU convolutions return their input for an empty batch, so "
-        "predict/evaluate fail when a replica's share of the last batch is empty.",
-        "Incompatible shapes", (_NN, "conv", None), empty_conv.guard_op,
+    Fix("empty-conv", "Incompatible shapes", (_NN, "conv", None), empty_conv.guard_op,
         also=((_NN, "depthwise_conv", None, empty_conv.guard_op),
               (_NN, "separable_conv", None, empty_conv.guard_op),
               (_NN, "conv_transpose", None, empty_conv.guard_op),
@@ -101,24 +91,14 @@ FIXES: dict[str, Fix] = {fix.name: fix for fix in (
               (_TRAINER, "make_test_function", "TensorFlowTrainer",
                empty_conv.guard_test_function))),
     # Not a multi-worker bug: any strategy with 2+ replicas.
-    *(Fix(f"{kind}-on-batch", "keras-on-batch",
-          f"{kind}_on_batch gives the whole batch to every replica: {harm}.",
-          f"{kind}_on_batch {symptom}",
+    *(Fix(f"{kind}-on-batch", f"{kind}_on_batch {symptom}",
           (_TRAINER, f"{kind}_on_batch", "TensorFlowTrainer"), make)
-      for kind, harm, symptom, make in _ON_BATCH),
-    Fix("step-variables", "keras#19308",
-        "a Keras variable first created inside a tf.function under 2+ replicas (optimizer "
-        "slots or layer weights in custom training loops) makes the step run in a tf.cond.",
-        "You must feed a value for placeholder tensor",
+      for kind, symptom, make in _ON_BATCH),
+    Fix("step-variables", "You must feed a value for placeholder tensor",
         (_CORE, "_initialize_with_initializer", "Variable"), step_variables.make),
-    Fix("no-call-build", "keras-no-call-build",
-        "fit on a model without call() (a GAN overriding train_step) under any strategy "
-        "fails building the model symbolically.",
-        "does not have a `call()` method implemented",
+    Fix("no-call-build", "does not have a `call()` method implemented",
         ("keras.src.trainers.trainer", "_symbolic_build", "Trainer"), no_call_build.make),
-    Fix("cross-replica-step", "mirrorkit-cross-replica-step",
-        "a hand-written GradientTape step outside strategy.run on mirrored Keras variables "
-        "(no strategy in the script, mirrorkit's script scope) fails.",
+    Fix("cross-replica-step",
         "DistributedVariable.handle is not available outside the replica context",
         (_CORE, "handle", "Variable"), cross_replica_step.make_handle,
         also=(("keras.src.losses.loss", "scale_loss_for_distribution", None,
@@ -129,21 +109,12 @@ FIXES: dict[str, Fix] = {fix.name: fix for fix in (
                cross_replica_step.make_maybe_merge_call),
               ("keras.src.optimizers.loss_scale_optimizer", "_tf_apply", "LossScaleOptimizer",
                cross_replica_step.make_lso_apply))),
-    Fix("generator-copies", "mirrorkit-generator-aliasing",
-        "tensors from Dataset.from_generator (PyDataset, generator inputs) share the "
-        "generator's NumPy arrays, and across workers a training step may write into them.",
-        "shares memory with the generator's array",
+    Fix("generator-copies", "shares memory with the generator's array",
         (_FROM_GENERATOR, "_from_generator", None), generator_copies.make),
-    Fix("gradient-accumulation", "keras#20582",
-        "an optimizer with gradient_accumulation_steps synchronises the replicas inside a "
-        "cond, which every tf.distribute strategy rejects.",
-        "`merge_call` called while defining a new graph",
+    Fix("gradient-accumulation", "`merge_call` called while defining a new graph",
         ("keras.src.backend.tensorflow.optimizer", "_backend_apply_gradients", "TFOptimizer"),
         accumulation.make),
-    Fix("layer-losses", "keras-layer-loss-scaling",
-        "a keras.losses.Loss called inside a layer and passed to add_loss is divided by the "
-        "replica count twice, so it trains at 1/N of its strength.",
-        "add_loss of a layer's Loss trains at 1/N",
+    Fix("layer-losses", "add_loss of a layer's Loss trains at 1/N",
         ("keras.src.losses.loss", "reduce_values", None), layer_losses.make),
 )}
 
@@ -153,26 +124,12 @@ _DECISIONS: dict[str, Decision] = {}
 _UNAVAILABLE: dict[str, str] = {}
 
 
-# Every name disable= and MIRRORKIT_COMPAT_DISABLE accept (besides "all").
-def _all_names() -> set[str]:
-    return {*FIXES, allocator.NAME}
-
-
 def _check_names(names: Iterable[str], where: str) -> set[str]:
-    chosen = {n.strip() for n in names if n and n.strip()}
-    if "all" in chosen:
-        return _all_names()
-    unknown = sorted(chosen - _all_names())
-    if unknown:
-        raise ValueError(
-            f"Unknown compat fix in {where}. Received: {', '.join(unknown)}; "
-            f"accepted: all, {', '.join(FIXES)}, {allocator.NAME}"
-        )
-    return chosen
+    return switches.check_names(names, where)
 
 
 def disabled_by_environment() -> set[str]:
-    """The fix names ``MIRRORKIT_COMPAT`` / ``MIRRORKIT_COMPAT_DISABLE`` turn off, checked.
+    """The patch names ``MIRRORKIT_COMPAT`` / ``MIRRORKIT_COMPAT_DISABLE`` turn off, checked.
 
     Where no fix is applied (the default strategy) a misspelt name must
     still fail as it does everywhere else, not be ignored.
@@ -186,9 +143,7 @@ def disabled_by_environment() -> set[str]:
         ...     sorted(disabled_by_environment())
         ['multi-step']
     """
-    if not _env.compat_enabled():
-        return _all_names()
-    return _check_names(_env.compat_disabled(), _env.COMPAT_DISABLE)
+    return switches.disabled()
 
 
 def _keras_is_tensorflow() -> bool:

@@ -16,7 +16,22 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
+
+from mirrorkit.patching import engine
+
+NAME = "saving-skipset-cache"
+
+
+def _cached(original: Callable[[str], Any]) -> Callable[[str], Any]:
+    cache: dict[str, Any] = {}
+
+    def get_attr_skipset(obj_type):
+        if obj_type not in cache:
+            cache[obj_type] = original(obj_type)
+        return cache[obj_type]
+
+    return get_attr_skipset
 
 
 def share_saving_references(strategy: Any) -> None:
@@ -31,23 +46,14 @@ def share_saving_references(strategy: Any) -> None:
     ("Collective instance 111 expected type 1 and data_type 9 but got type 0
     and data_type 2"). Here the function gets a working cache and every
     worker fills it at the same point, so later loads create nothing.
+    Turned off by name (``saving-skipset-cache``), Keras's own function stays.
     """
     try:
         from keras.src.saving import saving_lib
     except ImportError:  # pragma: no cover - Keras internals moved
         return
-    current = saving_lib.get_attr_skipset
-    if not getattr(current, "__mirrorkit_cached__", False):
-        cache: dict[str, Any] = {}
-
-        def get_attr_skipset(obj_type):
-            if obj_type not in cache:
-                cache[obj_type] = current(obj_type)
-            return cache[obj_type]
-
-        get_attr_skipset.__mirrorkit_cached__ = True  # type: ignore[attr-defined]
-        get_attr_skipset.__wrapped__ = current  # type: ignore[attr-defined]
-        saving_lib.get_attr_skipset = get_attr_skipset
+    if not engine.is_applied(NAME):
+        engine.replace(NAME, saving_lib, "get_attr_skipset", _cached)
     with strategy.scope():
         for obj_type in ("Optimizer", "Metric", "Layer", "Operation", "Loss"):
             try:

@@ -37,8 +37,14 @@ import sys
 import time
 from typing import Mapping
 
+from mirrorkit.patching import engine
+from mirrorkit.protocol import LOST_PEER_MARKER, format_lost_peer
+
 # The prefix ``mirrorkit launch`` looks for in a failed worker's output.
-MARKER = "mirrorkit: lost peer "
+# The patch that installs the excepthook and the progress clock (its record:
+# mirrorkit.patching.catalogue).
+NAME = "lost-peer-report"
+MARKER = LOST_PEER_MARKER  # mirrorkit.protocol's, which the launcher parses back
 
 _TASK = re.compile(r"/job:(\w+)/(?:replica:\d+/)?task:(\d+)")
 _UNHEALTHY = re.compile(r"unhealthy \(stopped sending heartbeats\):\s*((?:/job:\S+\s*)+)")
@@ -174,7 +180,7 @@ def explain(err: BaseException, *, cluster: Mapping[str, list[str]] | None = Non
             wait = f"heartbeat timeout {_heartbeat_timeout:g} s"
         else:
             wait = "TensorFlow's heartbeat timeout"
-        return f"{MARKER}{lost} ({what}); {wait}"
+        return format_lost_peer(lost, what, wait)
     return None
 
 
@@ -196,7 +202,6 @@ def _excepthook(previous):
             return previous(kind, value, tb)
         sys.stderr.write(short_report(value, line))
         sys.stderr.flush()
-    hook.mirrorkit_peer_loss = True
     return hook
 
 
@@ -214,18 +219,20 @@ def track_progress() -> bool:
         return False
     for name in ("on_train_begin", "on_train_batch_end", "on_test_batch_end",
                  "on_predict_batch_end", "on_epoch_end"):
-        original = getattr(CallbackList, name)
-        if getattr(original, "mirrorkit_progress", False):
+        if engine.patched_by(vars(CallbackList).get(name)) == NAME:
             continue
-
-        def wrapped(self, *args, _original=original, **kwargs):
-            note_progress()
-            return _original(self, *args, **kwargs)
-
-        wrapped.mirrorkit_progress = True
-        wrapped.__wrapped__ = original
-        setattr(CallbackList, name, wrapped)
+        if engine.replace(NAME, CallbackList, name, _noting_progress) is None:
+            return False  # turned off by name
     return True
+
+
+def _noting_progress(original):
+    def wrapped(self, *args, **kwargs):
+        note_progress()
+        return original(self, *args, **kwargs)
+
+    wrapped.__wrapped__ = original
+    return wrapped
 
 
 def installed() -> bool:
@@ -251,7 +258,7 @@ def install(heartbeat_timeout: float | None = None) -> None:
     if heartbeat_timeout is not None:
         _heartbeat_timeout = float(heartbeat_timeout)
     if not _installed:
-        if not getattr(sys.excepthook, "mirrorkit_peer_loss", False):
-            sys.excepthook = _excepthook(sys.excepthook)
+        if engine.patched_by(sys.excepthook) != NAME:
+            engine.replace(NAME, sys, "excepthook", _excepthook)
         _installed = True
     track_progress()

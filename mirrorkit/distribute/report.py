@@ -48,7 +48,8 @@ def environment_report(*, strategy: str | None = None,
         ``workers``, ``task``, ``is_chief``, ``devices``,
         ``physical_devices``, ``reason``, ``cluster_source``,
         ``compat_fixes`` (each upstream fix: status, how its need was decided,
-        why), ``warnings``,
+        why), ``patches`` (everything mirrorkit changes in Keras, TensorFlow
+        or Python: :func:`patch_report`), ``warnings``,
         and ``slurm`` (this task's place in the step) when the cluster
         comes from a Slurm step; a multi-worker task also gets ``cluster``
         and ``listens`` (where its TensorFlow server will listen and what
@@ -93,6 +94,7 @@ def environment_report(*, strategy: str | None = None,
     data["physical_devices"] = physical
     data["logical_devices"] = [d.name for d in tf.config.list_logical_devices()]
     data["compat_fixes"] = _fixes()
+    data["patches"] = patch_report()
     data["warnings"] = [f"{i.ref}: {i.summary} mirrorkit: {i.handling}"
                         for i in upstream.affecting()]
     return data
@@ -122,3 +124,46 @@ def _fixes() -> dict[str, dict[str, str]]:
     from mirrorkit import compat
 
     return compat.decisions()
+
+
+def patch_report() -> list[dict[str, Any]]:
+    """Every patch of :data:`mirrorkit.patching.PATCHES`, with its status and how that was decided.
+
+    ``status`` is ``disabled`` (by ``MIRRORKIT_COMPAT``/``MIRRORKIT_COMPAT_DISABLE``),
+    a fix's own status (``applied``, ``not-applied``, ``not-needed``,
+    ``unavailable``: see :func:`mirrorkit.compat.decisions`), ``applied``
+    (in force in this process) or ``inactive`` (its scope is not this
+    process: ``how`` says when it is in force).
+
+    Raises:
+        ValueError: ``MIRRORKIT_COMPAT_DISABLE`` names an unknown patch.
+
+    Example:
+        >>> [p["name"] for p in patch_report()][:2]              # doctest: +SKIP
+        ['symbolic-build', 'scalar-logs']
+    """
+    from mirrorkit import compat
+    from mirrorkit.compat import allocator
+    from mirrorkit.patching import PATCHES, disabled, engine
+
+    off = disabled()
+    fixes = compat.decisions()
+    out = []
+    for name, record in PATCHES.items():
+        if name in off:
+            state = {"status": "disabled", "how": "environment",
+                     "detail": f"{_env.COMPAT} / {_env.COMPAT_DISABLE}"}
+        elif name in fixes:
+            state = {k: fixes[name][k] for k in ("status", "how", "detail")}
+        elif name == allocator.NAME:
+            state = {"status": allocator.state(), "how": "measured",
+                     "detail": "decided at the first distributed dataset, from the allocator's "
+                               "own behaviour"}
+        elif engine.is_applied(name):
+            state = {"status": "applied", "how": "in force",
+                     "detail": ", ".join(engine.in_force().get(name, []))}
+        else:
+            state = {"status": "inactive", "how": "scope",
+                     "detail": f"in force {record.in_force_when()}"}
+        out.append({**record.to_dict(), **state})
+    return out

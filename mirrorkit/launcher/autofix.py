@@ -26,6 +26,10 @@ import sys
 from typing import Any, Callable
 
 from mirrorkit import _env
+from mirrorkit.patching import engine
+
+# Its record: mirrorkit.patching.catalogue.
+NAME = "fixes-on-import"
 
 logger = logging.getLogger(__name__)
 
@@ -107,10 +111,19 @@ def install() -> bool:
     """
     if any(isinstance(f, _AfterImport) for f in sys.meta_path):
         return False
+    try:
+        if not engine.enabled(NAME):
+            return False
+    except ValueError as err:  # a misspelt MIRRORKIT_COMPAT_DISABLE: say so, run unpatched
+        logger.warning("mirrorkit: no fixes applied: %s", err)
+        return False
     callbacks = {"tensorflow": _after_tensorflow, "keras": _after_keras}
     for name in list(callbacks):
         if name in sys.modules:
             callbacks.pop(name)()
     if callbacks:
-        sys.meta_path.insert(0, _AfterImport(callbacks))
+        hook = _AfterImport(callbacks)
+        # A new list in front of the finders (importlib reads sys.meta_path on
+        # every import).
+        engine.replace(NAME, sys, "meta_path", lambda finders: [hook, *finders])
     return True

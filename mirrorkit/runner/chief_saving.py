@@ -45,6 +45,8 @@ import os
 import sys
 from typing import Any, Callable, Iterator
 
+from mirrorkit.patching import engine
+
 logger = logging.getLogger(__name__)
 
 _CALLBACKS = ("BackupAndRestore", "ModelCheckpoint", "TensorBoard")
@@ -67,28 +69,22 @@ def installed(runtime: Any) -> Iterator[None]:
     if not getattr(runtime, "is_multi_worker", False):
         yield
         return
-    undo: list[tuple[Any, str, Any]] = []
-    try:
+    with contextlib.ExitStack() as stack:
         try:
-            _replace_callbacks(undo)
-            _wrap_saving(undo)
-            _tf_checkpoints(undo)
+            stack.enter_context(engine.applied("chief-only-callbacks", _replace_callbacks()))
+            stack.enter_context(engine.applied("chief-only-model-save", _wrap_saving()))
+            stack.enter_context(engine.applied("chief-only-tf-checkpoint", _tf_checkpoints()))
         except Exception as err:  # noqa: BLE001 -- never break the script over this
             logger.warning("mirrorkit: chief-only saving not installed (%s); "
                            "every worker writes the script's paths.", err)
         yield
-    finally:
-        for owner, attr, original in reversed(undo):
-            setattr(owner, attr, original)
 
 
-def _set(undo: list, owner: Any, attr: str, value: Any) -> None:
-    undo.append((owner, attr, owner.__dict__[attr] if attr in owner.__dict__
-                 else getattr(owner, attr)))
-    setattr(owner, attr, value)
+# One change: (owner, attribute, make(current) -> replacement), for the engine.
+_Changes = list[tuple[Any, str, Callable[[Any], Any]]]
 
 
-def _replace_callbacks(undo: list) -> None:
+def _replace_callbacks() -> _Changes:
     import keras
 
     from mirrorkit.training import callbacks as chief_aware
@@ -96,6 +92,7 @@ def _replace_callbacks(undo: list) -> None:
     for name in _API_MODULES:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
+    changes: _Changes = []
     for cls_name in _CALLBACKS:
         original = getattr(keras.callbacks, cls_name)
         replacement = getattr(chief_aware, cls_name)
@@ -104,7 +101,8 @@ def _replace_callbacks(undo: list) -> None:
                     or module_name.startswith("keras.src"):
                 continue
             if module.__dict__.get(cls_name) is original:
-                _set(undo, module, cls_name, replacement)
+                changes.append((module, cls_name, lambda _cls, r=replacement: r))
+    return changes
 
 
 def _chief_only(method: Callable[..., Any], kind: str) -> Callable[..., Any]:
@@ -124,14 +122,14 @@ def _chief_only(method: Callable[..., Any], kind: str) -> Callable[..., Any]:
     return save
 
 
-def _wrap_saving(undo: list) -> None:
+def _wrap_saving() -> _Changes:
     from keras.src.models.model import Model
 
-    _set(undo, Model, "save", _chief_only(Model.save, "save"))
-    _set(undo, Model, "save_weights", _chief_only(Model.save_weights, "weights"))
+    return [(Model, "save", lambda method: _chief_only(method, "save")),
+            (Model, "save_weights", lambda method: _chief_only(method, "weights"))]
 
 
-def _tf_checkpoints(undo: list) -> None:
+def _tf_checkpoints() -> _Changes:
     """``tf.train.Checkpoint.save/write`` and ``CheckpointManager.save``: chief-only writes.
 
     The pattern of TensorFlow's multi-worker tutorial, without the script
@@ -181,10 +179,8 @@ def _tf_checkpoints(undo: list) -> None:
 
         return save
 
-    for attr in ("save", "write"):
-        _set(undo, tf.train.Checkpoint, attr, redirect(tf.train.Checkpoint.__dict__[attr]))
-    _set(undo, tf.train.CheckpointManager, "save",
-         manager_save(tf.train.CheckpointManager.__dict__["save"]))
+    return [(tf.train.Checkpoint, "save", redirect), (tf.train.Checkpoint, "write", redirect),
+            (tf.train.CheckpointManager, "save", manager_save)]
 
 
 # Real directory -> this worker's private stand-in, for the process's lifetime.

@@ -30,7 +30,12 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from mirrorkit.patching import engine
+
 logger = logging.getLogger(__name__)
+
+# Its record: mirrorkit.patching.catalogue.
+NAME = "get-file-lock"
 
 
 def lock_path(*args: Any, **kwargs: Any) -> Path:
@@ -70,7 +75,6 @@ def _one_at_a_time(original: Callable[..., Any]) -> Callable[..., Any]:
         with _locked(lock_path(*args, **kwargs)):
             return original(*args, **kwargs)
 
-    get_file.__mirrorkit_original__ = original  # type: ignore[attr-defined]
     return get_file
 
 
@@ -95,14 +99,10 @@ def installed(runtime: Any) -> Iterator[None]:
     original = file_utils.get_file
     patched = _one_at_a_time(original)
     # Keras's dataset modules bind get_file by name at import: replace every binding.
-    undo = [(module, module.__dict__["get_file"]) for module in list(sys.modules.values())
-            if module is not None and getattr(module, "__dict__", {}).get("get_file") is original]
-    for module, _ in undo:
-        module.__dict__["get_file"] = patched
+    changes = [(module, "get_file", lambda _f: patched) for module in list(sys.modules.values())
+               if module is not None
+               and getattr(module, "__dict__", {}).get("get_file") is original]
     logger.debug("mirrorkit: get_file locked per destination in %d modules (pid %d)",
-                 len(undo), os.getpid())
-    try:
+                 len(changes), os.getpid())
+    with engine.applied(NAME, changes):
         yield
-    finally:
-        for module, value in undo:
-            module.__dict__["get_file"] = value

@@ -17,6 +17,7 @@ import logging
 import math
 from typing import Any, Callable, Iterator
 
+from mirrorkit.patching import engine
 from mirrorkit.strategy_facts import model_replicas
 
 logger = logging.getLogger(__name__)
@@ -36,22 +37,15 @@ def model_methods(scale: bool, speed: bool = False) -> Iterator[None]:
     """
     import keras
 
-    names = _WRAPPED_METHODS + (("compile",) if speed else ())
-    saved = {name: keras.Model.__dict__.get(name) for name in names}
+    # --speed-up-fit is a patch of its own (turned off by name: fit as written).
+    speed = speed and engine.enabled("speed-up-fit")
     warned: set[str] = set()
-    for name in _WRAPPED_METHODS:
-        setattr(keras.Model, name,
-                _method_wrapper(getattr(keras.Model, name), scale, warned, speed))
-    if speed:
-        setattr(keras.Model, "compile", _compile_wrapper(keras.Model.compile))
-    try:
+    methods = [(keras.Model, name, lambda method: _method_wrapper(method, scale, warned, speed))
+               for name in _WRAPPED_METHODS]
+    compiles = [(keras.Model, "compile", _compile_wrapper)] if speed else []
+    with engine.applied("script-model-methods", methods), \
+            engine.applied("speed-up-fit", compiles):
         yield
-    finally:
-        for name, original in saved.items():
-            if original is None:
-                delattr(keras.Model, name)
-            else:
-                setattr(keras.Model, name, original)
 
 
 def _is_prebatched(x: Any) -> bool:

@@ -40,12 +40,16 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import weakref
 from typing import Any
+
+from mirrorkit.patching import engine
 
 logger = logging.getLogger(__name__)
 
 _BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
-_EXPLICIT = "_mirrorkit_explicit_steps_per_execution"
+# Models whose script chose steps_per_execution in compile (kept as written).
+_EXPLICIT: "weakref.WeakSet[Any]" = weakref.WeakSet()
 # Beyond ~16 steps per call Keras's per-call Python work is negligible, and
 # callbacks and the progress bar stay lively.
 _CAP = 16
@@ -57,7 +61,10 @@ def compile_recorded(model: Any, kwargs: dict[str, Any]) -> None:
     Example:
         >>> compile_recorded(model, {"steps_per_execution": 8})   # doctest: +SKIP
     """
-    setattr(model, _EXPLICIT, "steps_per_execution" in kwargs)
+    if "steps_per_execution" in kwargs:
+        _EXPLICIT.add(model)
+    else:
+        _EXPLICIT.discard(model)
 
 
 def _per_batch(callback: Any) -> str | None:
@@ -125,7 +132,7 @@ def speed_up(model: Any, bound: inspect.BoundArguments, replicas: int,
     for key in ("x", "validation_data"):
         if isinstance(a.get(key), tf.data.Dataset):
             a[key] = _prefetched(a[key])
-    if getattr(model, _EXPLICIT, False) or getattr(model, "steps_per_execution", 1) != 1:
+    if model in _EXPLICIT or getattr(model, "steps_per_execution", 1) != 1:
         return
     callbacks = a.get("callbacks") or []
     reasons = [r for r in (_per_batch(c) for c in callbacks) if r]
@@ -142,9 +149,11 @@ def speed_up(model: Any, bound: inspect.BoundArguments, replicas: int,
     spe = min(_CAP, steps) if ends else auto_steps_per_execution(steps, _CAP)
     if spe <= 1:
         return
-    model.steps_per_execution = spe
+    if not engine.on_object("speed-up-fit", model, "steps_per_execution", spe):
+        return
     # Keras builds its step functions once, for the value of that time.
-    model.train_function = model.test_function = model.predict_function = None
+    for function in ("train_function", "test_function", "predict_function"):
+        engine.on_object("speed-up-fit", model, function, None)
     if "speed-steps" not in warned:
         warned.add("speed-steps")
         logger.warning("--speed-up-fit: %d training steps per tf.function call (%d steps per "

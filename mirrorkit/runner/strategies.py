@@ -20,7 +20,11 @@ import sys
 from typing import Any, Iterator
 
 from mirrorkit.errors import RunError
+from mirrorkit.patching import engine
 from mirrorkit.runner.scope import ScriptScope
+
+# Its record: mirrorkit.patching.catalogue.
+NAME = "script-strategies"
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +50,7 @@ def script_strategies(scope: ScriptScope) -> Iterator[None]:
         return
     import tensorflow as tf
 
-    patched: list[tuple[Any, str, Any]] = []
+    changes: list[tuple[Any, str, Any]] = []
     replacements: dict[int, Any] = {}
     for namespace, attr in _STRATEGY_NAMES:
         original = getattr(_resolve(tf, namespace), attr)
@@ -57,13 +61,9 @@ def script_strategies(scope: ScriptScope) -> Iterator[None]:
         # The same class is exposed by tf.distribute and tf.compat.v2.distribute.
         for module in _public_modules():
             if module.__dict__.get(attr) is original:
-                patched.append((module, attr, original))
-                setattr(module, attr, replacement)
-    try:
+                changes.append((module, attr, lambda _cls, r=replacement: r))
+    with engine.applied(NAME, changes):
         yield
-    finally:
-        for module, attr, original in reversed(patched):
-            setattr(module, attr, original)
 
 
 def _resolve(tf: Any, dotted: str) -> Any:

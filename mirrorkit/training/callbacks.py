@@ -56,6 +56,7 @@ import keras
 
 from mirrorkit.compat.saving_cache import share_saving_references
 from mirrorkit.errors import MissingDependency
+from mirrorkit.patching import engine
 from mirrorkit.training.chief import (
     Scratch,
     broadcast_from_chief,
@@ -110,10 +111,13 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def _point_at(self, directory: str) -> None:
         # Keras derives these four paths from backup_dir in __init__.
+        # Through the patch engine: turned off by name (backup-paths), every
+        # worker keeps Keras's own paths, as the stock callback would.
         probe = keras.callbacks.BackupAndRestore(directory)
         for name in ("backup_dir", "_weights_path", "_training_metadata_path",
                      "_prev_weights_path", "_prev_training_metadata_path"):
-            setattr(self, name, getattr(probe, name))
+            if not engine.on_object("backup-paths", self, name, getattr(probe, name)):
+                return
 
     def set_model(self, model):
         super().set_model(model)

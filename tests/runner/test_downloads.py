@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import numpy as np
 from conftest import clean_env
 
+from mirrorkit.patching import engine
 from mirrorkit.runner import downloads
 
 SCRIPT = """
@@ -77,5 +78,6 @@ def test_one_process_keeps_kerass_get_file():
         assert file_utils.get_file is original
     with downloads.installed(SimpleNamespace(is_multi_worker=True)):
         assert file_utils.get_file is not original
-        assert file_utils.get_file.__mirrorkit_original__ is original
+        assert engine.original(file_utils.get_file) is original
+        assert engine.patched_by(file_utils.get_file) == "get-file-lock"
     assert file_utils.get_file is original

@@ -1,0 +1,44 @@
+"""Everything mirrorkit changes in Keras, TensorFlow or Python, and the one way it does it.
+
+* :mod:`~mirrorkit.patching.record`: what one patch is (:class:`Patch`).
+* :mod:`~mirrorkit.patching.catalogue`: every patch (:data:`PATCHES`).
+* :mod:`~mirrorkit.patching.switches`: which are turned off by name.
+* :mod:`~mirrorkit.patching.engine`: apply, undo, one marker.
+* :mod:`~mirrorkit.patching.status`: each patch's status for ``mirrorkit info``.
+
+Example:
+    >>> from mirrorkit import patching
+    >>> "script-strategies" in patching.PATCHES
+    True
+"""
+
+from mirrorkit.patching.catalogue import PATCHES
+from mirrorkit.patching.engine import (
+    applied,
+    enabled,
+    in_force,
+    is_applied,
+    on_object,
+    original,
+    patched_by,
+    replace,
+    undo,
+)
+from mirrorkit.patching.record import Patch
+from mirrorkit.patching.switches import check_names, disabled
+
+__all__ = [
+    "PATCHES",
+    "Patch",
+    "applied",
+    "check_names",
+    "disabled",
+    "enabled",
+    "in_force",
+    "is_applied",
+    "on_object",
+    "original",
+    "patched_by",
+    "replace",
+    "undo",
+]

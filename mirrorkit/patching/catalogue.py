@@ -1,0 +1,197 @@
+"""Every change mirrorkit makes to Keras, TensorFlow or Python, one :class:`Patch` each.
+
+This table is the answer to "what did mirrorkit change in my Keras, and how do
+I turn one thing off?": ``mirrorkit info`` lists it with each patch's status,
+and ``MIRRORKIT_COMPAT_DISABLE=NAME[,NAME]`` turns any of them off by name
+(``MIRRORKIT_COMPAT=off``: every ``fix``). The code of a patch lives where its
+concept does (:mod:`mirrorkit.compat` for upstream bugs, :mod:`mirrorkit.runner`
+for ``mirrorkit run``'s adaptations ...) and installs it only through
+:mod:`mirrorkit.patching.engine`, which refuses a name that is not here.
+
+Example:
+    >>> from mirrorkit.patching.catalogue import PATCHES
+    >>> PATCHES["chief-only-model-save"].targets
+    ('keras.Model.save', 'keras.Model.save_weights')
+"""
+
+from __future__ import annotations
+
+from mirrorkit.patching.record import Patch
+
+# The compat matrix (tools/compat_matrix.py, results in tools/compat-matrix/).
+TESTED = "tensorflow 2.19.1, 2.20.0 and 2.21.0 with keras 3.15.1"
+_TRAINER = "keras.src.backend.tensorflow.trainer.TensorFlowTrainer"
+_NN = "keras.src.backend.tensorflow.nn"
+_VARIABLE = "keras.src.backend.tensorflow.core.Variable"
+_LOSS = "keras.src.losses.loss"
+
+
+def _fix(name: str, targets: tuple[str, ...], changes: str, reason: str, control: str,
+         scope: str = "process") -> Patch:
+    return Patch(name, targets, changes, reason, scope=scope, kind="fix", tested=TESTED,
+                 control=control)
+
+
+def _adaptation(name: str, targets: tuple[str, ...], changes: str, reason: str,
+                control: str, scope: str) -> Patch:
+    return Patch(name, targets, changes, reason, scope=scope, kind="adaptation",
+                 tested=TESTED, control=control)
+
+
+_ON_BATCH = {
+    "predict": "N times the rows come back",
+    "test": "summed metrics count each example N times",
+    "train": "summed metrics count each example N times and every replica does the whole "
+             "batch's work",
+}
+
+_FIXES = (
+    _fix("symbolic-build", (f"{_TRAINER}._maybe_symbolic_build",),
+         "builds the model from this worker's first replica batch instead of a reduced one",
+         "keras#20585: fit/evaluate reduce a PerReplica data batch to build the model, which "
+         "fails across workers and whenever the global batch does not divide by the replicas.",
+         "tests/compat/test_compat.py"),
+    _fix("scalar-logs", ("keras.src.backend.tensorflow.trainer.reduce_per_replica",),
+         "reduces rank-0 logs with axis=None (one collective per dtype)",
+         "tensorflow#72388: the multi-worker branch of reduce_per_replica reduces scalar logs "
+         "on axis 0.", "tests/compat/test_compat.py"),
+    _fix("multi-step", (f"{_TRAINER}._make_function",),
+         "runs several steps per call in a while loop whose condition checks for the next "
+         "batch (one replica keeps Keras's code)",
+         "keras#19246: steps_per_execution > 1 fails in fit/evaluate under a strategy with 2+ "
+         "replicas (the step runs inside a tf.cond in a while loop).",
+         "tests/compat/test_multistep.py"),
+    _fix("empty-conv", (f"{_NN}.conv", f"{_NN}.depthwise_conv", f"{_NN}.separable_conv",
+                        f"{_NN}.conv_transpose", f"{_TRAINER}.make_predict_function",
+                        f"{_TRAINER}.make_test_function",
+                        "Model.predict_function / test_function (per model)"),
+         "an empty batch through a convolution runs on one zero row and returns zero rows",
+         "tensorflow#30968: TensorFlow's oneDNN CPU convolutions return their input for an "
+         "empty batch, so predict/evaluate fail when a replica's share of the last batch is "
+         "empty.", "tests/compat/test_empty_conv.py"),
+    *(_fix(f"{kind}-on-batch", (f"{_TRAINER}.{kind}_on_batch",),
+           f"{kind}_on_batch splits its batch across the replicas like {kind} does",
+           f"keras-on-batch: {kind}_on_batch gives the whole batch to every replica: {harm}.",
+           "tests/compat/test_on_batch.py")
+      for kind, harm in _ON_BATCH.items()),
+    _fix("step-variables", (f"{_VARIABLE}._initialize_with_initializer",),
+         "a variable first created inside a traced step is initialised outside the step's cond",
+         "keras#19308: a Keras variable first created inside a tf.function under 2+ replicas "
+         "(optimizer slots or layer weights in custom training loops) makes the step run in "
+         "a tf.cond.", "tests/compat/test_training_loops.py"),
+    _fix("no-call-build", ("keras.src.trainers.trainer.Trainer._symbolic_build",),
+         "skips the symbolic build of a model without call()",
+         "keras-no-call-build: fit on a model without call() (a GAN overriding train_step) "
+         "under any strategy fails building the model symbolically.",
+         "tests/compat/test_training_loops.py"),
+    _fix("cross-replica-step", (f"{_VARIABLE}.handle", f"{_LOSS}.scale_loss_for_distribution",
+                                f"{_LOSS}.unscale_loss_for_distribution",
+                                "tf.__internal__.distribute.interim.maybe_merge_call",
+                                "keras.src.optimizers.loss_scale_optimizer.LossScaleOptimizer"
+                                "._tf_apply"),
+         "a GradientTape step outside strategy.run reads and updates mirrored variables as "
+         "one replica",
+         "mirrorkit-cross-replica-step: a hand-written GradientTape step outside strategy.run "
+         "on mirrored Keras variables (no strategy in the script, mirrorkit's script scope) "
+         "fails.", "tests/compat/test_training_loops.py"),
+    _fix("generator-copies", ("tensorflow.python.data.ops.from_generator_op._from_generator",),
+         "copies each array a generator yields before TensorFlow wraps it",
+         "mirrorkit-generator-aliasing: tensors from Dataset.from_generator (PyDataset, "
+         "generator inputs) share the generator's NumPy arrays, and across workers a training "
+         "step may write into them.", "tests/compat/test_generator_copies.py"),
+    _fix("gradient-accumulation",
+         ("keras.src.backend.tensorflow.optimizer.TFOptimizer._backend_apply_gradients",),
+         "accumulates gradients per replica and synchronises outside the cond",
+         "keras#20582: an optimizer with gradient_accumulation_steps synchronises the "
+         "replicas inside a cond, which every tf.distribute strategy rejects.",
+         "tests/compat/test_accumulation.py"),
+    _fix("layer-losses", (f"{_LOSS}.reduce_values",),
+         "a Loss called inside a layer for add_loss is scaled for the replicas once",
+         "keras-layer-loss-scaling: a keras.losses.Loss called inside a layer and passed to "
+         "add_loss is divided by the replica count twice, so it trains at 1/N of its "
+         "strength.", "tests/compat/test_layer_losses.py"),
+    _fix("malloc-thresholds",
+         ("glibc mallopt(M_MMAP_THRESHOLD, M_TRIM_THRESHOLD)",
+          "tensorflow.python.distribute.distribute_lib.StrategyBase."
+          "experimental_distribute_dataset",
+          "tensorflow.python.distribute.distribute_lib.StrategyBase."
+          "distribute_datasets_from_function"),
+         "puts glibc's allocation thresholds back (decided at the first distributed dataset, "
+         "the two StrategyBase methods wrapped until then)",
+         "mirrorkit-allocator: TensorFlow 2.21 freezes glibc's mmap threshold, so CPU steps "
+         "map and unmap large buffers every step (about 2x slower).",
+         "tests/compat/test_allocator.py"),
+    _fix("saving-skipset-cache", ("keras.src.saving.saving_lib.get_attr_skipset",),
+         "caches the attributes a save skips per type, filled on every worker at once",
+         "mirrorkit-saving-cache: get_attr_skipset reads one cache key and stores another, so "
+         "every save and load builds a throw-away Optimizer; under MultiWorkerMirroredStrategy "
+         "that is a collective, and a chief-only restore desynchronises the workers.",
+         "tests/training/test_backup_paths.py", scope="multi-worker process"),
+)
+
+_ADAPTATIONS = (
+    _adaptation("lost-peer-report",
+                ("sys.excepthook", "keras.src.callbacks.callback_list.CallbackList."
+                 "on_train_begin/on_train_batch_end/on_test_batch_end/on_predict_batch_end/"
+                 "on_epoch_end"),
+                "a worker that dies of a lost peer ends with one line naming the peer and the "
+                "time since its last step, instead of a TensorFlow traceback",
+                "TensorFlow reports a lost peer as a long gRPC traceback that names no worker.",
+                "tests/distribute/test_peer_loss_patch.py", scope="multi-worker process"),
+    _adaptation("fixes-on-import", ("sys.meta_path",),
+                "applies the fixes when the program imports TensorFlow and Keras",
+                "a launched program that never imports mirrorkit still needs its fixes "
+                "(keras#20585 breaks the stock multi-worker tutorial).",
+                "tests/launcher/test_autofix_patch.py", scope="worker"),
+    _adaptation("script-strategies",
+                ("tf.distribute.MirroredStrategy", "tf.distribute.MultiWorkerMirroredStrategy",
+                 "tf.distribute.experimental.MultiWorkerMirroredStrategy",
+                 "tf.distribute.OneDeviceStrategy"),
+                "a strategy the script creates without devices or a cluster of its own is "
+                "mirrorkit's strategy; a pinned one is created as written",
+                "a tutorial that creates MirroredStrategy() itself would otherwise ignore "
+                "--simulate-cpus, launch's TF_CONFIG and mirrorkit's scope.",
+                "tests/runner/test_patch_controls.py", scope="script"),
+    _adaptation("script-model-methods", ("keras.Model.fit", "keras.Model.evaluate",
+                                         "keras.Model.predict"),
+                "--scale-batch multiplies batch_size by the replicas; fit leaves out the "
+                "trailing examples that would give a replica an empty batch",
+                "an unmodified script's batch_size is one device's, and an empty replica "
+                "batch breaks BatchNormalization.", "tests/runner/test_patch_controls.py",
+                scope="script"),
+    _adaptation("speed-up-fit", ("keras.Model.compile", "Model.steps_per_execution (per model)"),
+                "with --speed-up-fit, fit runs several steps per tf.function call when the "
+                "script left steps_per_execution alone",
+                "opt-in speed: Keras's default runs one step per call.",
+                "tests/runner/test_patch_controls.py", scope="script"),
+    _adaptation("chief-only-callbacks",
+                ("keras.callbacks.BackupAndRestore", "keras.callbacks.ModelCheckpoint",
+                 "keras.callbacks.TensorBoard"),
+                "the stock callbacks are mirrorkit's chief-aware subclasses: the chief writes "
+                "the real path, other workers a private one",
+                "two workers writing one HDF5 file fail on its lock (BlockingIOError).",
+                "tests/runner/test_patch_controls.py", scope="multi-worker script"),
+    _adaptation("chief-only-model-save", ("keras.Model.save", "keras.Model.save_weights"),
+                "every worker saves, only the chief to the real path",
+                "two writers of one .keras zip corrupt it (BadZipFile).",
+                "tests/runner/test_patch_controls.py", scope="multi-worker script"),
+    _adaptation("chief-only-tf-checkpoint",
+                ("tf.train.Checkpoint.save", "tf.train.Checkpoint.write",
+                 "tf.train.CheckpointManager.save"),
+                "every worker checkpoints, only the chief into the real directory (a "
+                "manager's private _directory is pointed elsewhere during the save)",
+                "the multi-worker tutorial's chief-only pattern, without the script writing "
+                "it.", "tests/runner/test_patch_controls.py", scope="multi-worker script"),
+    _adaptation("get-file-lock", ("keras.utils.get_file (every module that binds it)",),
+                "workers on one machine download and unpack one destination one at a time",
+                "N workers unpacking into ~/.keras/datasets at once read half-written files.",
+                "tests/runner/test_patch_controls.py", scope="multi-worker script"),
+    _adaptation("backup-paths",
+                ("BackupAndRestore.backup_dir/_weights_path/_training_metadata_path/"
+                 "_prev_weights_path/_prev_training_metadata_path (mirrorkit's subclass)",),
+                "a non-chief worker's backup goes to a private folder",
+                "Keras's BackupAndRestore has no chief logic: two workers write one backup.",
+                "tests/training/test_backup_paths.py", scope="object"),
+)
+
+PATCHES: dict[str, Patch] = {p.name: p for p in (*_FIXES, *_ADAPTATIONS)}

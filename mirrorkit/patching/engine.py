@@ -1,0 +1,263 @@
+"""The one way mirrorkit replaces an attribute of code that is not its own.
+
+Every replacement names its :class:`~mirrorkit.patching.record.Patch` (a name
+not in :data:`~mirrorkit.patching.catalogue.PATCHES` is refused), carries one
+marker on a replaced function (``__mirrorkit_patch__``: the patch's name,
+``__mirrorkit_original__``: what it replaced) and is remembered so it can be undone. A patch turned off
+by name (:mod:`mirrorkit.patching.switches`) is not installed: the caller gets
+``None`` back and runs without it, and one log line says so.
+
+* :func:`replace` / :func:`undo`: for the process (upstream fixes).
+* :func:`applied`: for the length of a ``with`` block (``mirrorkit run``'s
+  script-lifetime adaptations), undone on exit.
+* :func:`on_object`: an attribute of one object mirrorkit manages (nothing to
+  undo: the object is mirrorkit's).
+
+Example:
+    >>> import types
+    >>> module = types.SimpleNamespace(fit=lambda: "keras")
+    >>> with applied("script-model-methods", [(module, "fit", lambda f: lambda: "mirrorkit")]):
+    ...     module.fit(), patched_by(module.fit)
+    ('mirrorkit', 'script-model-methods')
+    >>> module.fit()
+    'keras'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections import Counter
+from typing import Any, Callable, Iterable, Iterator
+
+from mirrorkit.patching import switches
+from mirrorkit.patching.catalogue import PATCHES
+
+logger = logging.getLogger(__name__)
+
+MARKER = "__mirrorkit_patch__"
+ORIGINAL = "__mirrorkit_original__"
+_MISSING = object()
+
+
+@dataclasses.dataclass
+class _Change:
+    owner: Any
+    attr: str
+    previous: Any  # _MISSING: the attribute was inherited, not the owner's own
+    value: Any
+
+
+# name -> the replacements in force, in the order they were made.
+_LIVE: dict[str, list[_Change]] = {}
+# name -> how many objects carry it (on_object).
+_OBJECTS: Counter = Counter()
+_REPORTED_OFF: set[str] = set()
+
+
+def _known(name: str) -> None:
+    if name not in PATCHES:
+        raise ValueError(f"Unknown patch {name!r}: add a record to "
+                         f"mirrorkit/patching/catalogue.py first. Known: {', '.join(PATCHES)}")
+
+
+def _own(owner: Any, attr: str) -> Any:
+    """The owner's own value of ``attr`` (a class's __dict__ entry, so a property stays one)."""
+    if isinstance(owner, type):
+        return vars(owner).get(attr, _MISSING)
+    return getattr(owner, attr, _MISSING)
+
+
+def _mark(value: Any, name: str, original: Any) -> None:
+    if isinstance(value, type):
+        return  # a class outlives the patch (mirrorkit's own subclasses): remembered only
+    try:
+        setattr(value, MARKER, name)
+        setattr(value, ORIGINAL, original)
+    except (AttributeError, TypeError):
+        pass  # a value that takes no attributes (a list, a builtin): remembered only
+
+
+def enabled(name: str) -> bool:
+    """True unless the environment turns patch ``name`` off (then logged once).
+
+    Raises:
+        ValueError: ``name`` is not in the catalogue, or the environment names
+            an unknown patch.
+
+    Example:
+        >>> enabled("speed-up-fit")
+        True
+    """
+    _known(name)
+    if not switches.is_disabled(name):
+        return True
+    if name not in _REPORTED_OFF:
+        _REPORTED_OFF.add(name)
+        logger.info("mirrorkit: patch %r is turned off (MIRRORKIT_COMPAT_DISABLE / "
+                    "MIRRORKIT_COMPAT); %s is left as it is.", name,
+                    ", ".join(PATCHES[name].targets))
+    return False
+
+
+def replace(name: str, owner: Any, attr: str, make: Callable[[Any], Any], *,
+            force: bool = False) -> Any:
+    """Set ``owner.attr`` to ``make(current)``, marked and remembered under patch ``name``.
+
+    Args:
+        name: the patch (a key of the catalogue).
+        owner: the module, class or object whose attribute is replaced.
+        attr: the attribute.
+        make: builds the replacement from the current value (inherited or own).
+        force: install even if the environment turns ``name`` off (for a
+            caller that decided with ``disable=`` itself).
+
+    Returns:
+        The replacement, or None when the patch is turned off.
+
+    Example:
+        >>> import types
+        >>> ns = types.SimpleNamespace(f=abs)
+        >>> replace("speed-up-fit", ns, "f", lambda f: round) is round, undo("speed-up-fit")
+        (True, 1)
+    """
+    if not force and not enabled(name):
+        return None
+    _known(name)
+    own = _own(owner, attr)
+    # A class's own entry as it is stored (a property stays a property).
+    current = getattr(owner, attr) if own is _MISSING else own
+    value = make(current)
+    _mark(value, name, current)
+    previous = _own(owner, attr)
+    setattr(owner, attr, value)
+    _LIVE.setdefault(name, []).append(_Change(owner, attr, previous, value))
+    return value
+
+
+def _restore(change: _Change) -> bool:
+    if _own(change.owner, change.attr) is not change.value:
+        return False  # replaced again on top of ours: leave the newer value alone
+    if change.previous is _MISSING:
+        delattr(change.owner, change.attr)
+    else:
+        setattr(change.owner, change.attr, change.previous)
+    return True
+
+
+def undo(name: str) -> int:
+    """Put back everything patch ``name`` replaced; returns how many attributes.
+
+    Example:
+        >>> undo("speed-up-fit")
+        0
+    """
+    changes = _LIVE.pop(name, [])
+    return sum(_restore(c) for c in reversed(changes))
+
+
+@contextlib.contextmanager
+def applied(name: str, changes: Iterable[tuple[Any, str, Callable[[Any], Any]]]
+            ) -> Iterator[bool]:
+    """Apply ``(owner, attr, make)`` replacements for the block; undo them after.
+
+    Yields True when the patch is in force, False when it is turned off.
+
+    Example:
+        >>> import types
+        >>> ns = types.SimpleNamespace(f=abs)
+        >>> with applied("speed-up-fit", [(ns, "f", lambda f: round)]) as on:
+        ...     on, ns.f is round
+        (True, True)
+    """
+    if not enabled(name):
+        yield False
+        return
+    mine: list[_Change] = []
+    try:
+        for owner, attr, make in changes:
+            replace(name, owner, attr, make)
+            mine.append(_LIVE[name][-1])
+        yield True
+    finally:
+        live = _LIVE.get(name, [])
+        for change in reversed(mine):
+            _restore(change)
+            if change in live:
+                live.remove(change)
+        if not live:
+            _LIVE.pop(name, None)
+
+
+def on_object(name: str, obj: Any, attr: str, value: Any) -> bool:
+    """Set ``obj.attr = value`` on an object mirrorkit manages, under patch ``name``.
+
+    Returns False (and sets nothing) when the patch is turned off.
+
+    Example:
+        >>> import types
+        >>> cb = types.SimpleNamespace(backup_dir="a")
+        >>> on_object("backup-paths", cb, "backup_dir", "b"), cb.backup_dir
+        (True, 'b')
+    """
+    if not enabled(name):
+        return False
+    if callable(value):
+        _mark(value, name, getattr(obj, attr, None))
+    setattr(obj, attr, value)
+    _OBJECTS[name] += 1
+    return True
+
+
+def patched_by(value: Any) -> str | None:
+    """The patch that installed ``value``, or None.
+
+    Example:
+        >>> patched_by(len) is None
+        True
+    """
+    return getattr(value, MARKER, None)
+
+
+def original(value: Any) -> Any:
+    """What ``value`` replaced, through every patch on top of it (``value`` if none).
+
+    Example:
+        >>> original(len) is len
+        True
+    """
+    while patched_by(value) is not None:
+        value = getattr(value, ORIGINAL)
+    return value
+
+
+def is_applied(name: str) -> bool:
+    """True when patch ``name`` is in force in this process.
+
+    Example:
+        >>> is_applied("get-file-lock")
+        False
+    """
+    return any(_own(c.owner, c.attr) is c.value for c in _LIVE.get(name, ())) \
+        or _OBJECTS[name] > 0
+
+
+def in_force() -> dict[str, list[str]]:
+    """Every patch in force now -> the attributes it replaced (``owner.attr``).
+
+    Example:
+        >>> in_force()
+        {}
+    """
+    out: dict[str, list[str]] = {}
+    for name, changes in _LIVE.items():
+        for c in changes:
+            if _own(c.owner, c.attr) is c.value:
+                owner = getattr(c.owner, "__qualname__", None) or getattr(
+                    c.owner, "__name__", type(c.owner).__name__)
+                out.setdefault(name, []).append(f"{owner}.{c.attr}")
+    for name, count in _OBJECTS.items():
+        if count:
+            out.setdefault(name, []).append(f"{count} object(s)")
+    return out
