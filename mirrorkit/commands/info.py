@@ -25,6 +25,8 @@ def info(as_json: bool, simulate_cpus: int | None, strategy: str | None) -> None
     """Report versions, devices and the strategy mirrorkit would choose, and why.
 
     Under a multi-worker TF_CONFIG the cluster is described without joining it.
+    Every patch mirrorkit applies to Keras, TensorFlow or Python is listed with
+    its status (--json: its targets, reason, scope and tested versions too).
 
     \b
     Examples:
@@ -43,13 +45,17 @@ def info(as_json: bool, simulate_cpus: int | None, strategy: str | None) -> None
         return
     width = max(len(k) for k in data)
     for key, value in data.items():
-        if key in ("warnings", "compat_fixes"):
+        if key in ("warnings", "compat_fixes", "patches"):
             continue
         if isinstance(value, list):
             value = ", ".join(str(v) for v in value) or "-"
         click.echo(f"{key:<{width}}  {value}")
-    for name, fix in data["compat_fixes"].items():
-        state = _FIX_STATES.get(fix["status"], fix["status"])
-        click.echo(f"{'fix ' + name:<{width}}  {state} ({fix['how']}: {fix['detail']})")
+    click.echo(f"patches (what mirrorkit changes in Keras, TensorFlow and Python; turn one off "
+               f"with MIRRORKIT_COMPAT_DISABLE=NAME):")
+    names = max(len(p["name"]) for p in data["patches"])
+    for patch in data["patches"]:
+        state = _FIX_STATES.get(patch["status"], patch["status"])
+        click.echo(f"  {patch['kind']:<10} {patch['name']:<{names}}  {state} "
+                   f"({patch['how']}: {patch['detail']})")
     for warning in data["warnings"]:
         click.echo(f"warning: {warning}")

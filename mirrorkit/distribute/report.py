@@ -156,7 +156,9 @@ def patch_report() -> list[dict[str, Any]]:
         elif name in fixes:
             state = {k: fixes[name][k] for k in ("status", "how", "detail")}
         elif name == allocator.NAME:
-            state = {"status": allocator.state(), "how": "measured",
+            decided = allocator.state()
+            state = {"status": "not-decided" if decided == "not-applied" else decided,
+                     "how": "measured",
                      "detail": "decided at the first distributed dataset, from the allocator's "
                                "own behaviour"}
         elif engine.is_applied(name):
