@@ -2,8 +2,9 @@
 
 Everything mirrorkit takes from the environment passes through here, so the
 data flow stays one way: CLI flags -> config -> environment -> library. The
-launcher writes ``TF_CONFIG`` and ``MIRRORKIT_*`` into a child's environment;
-the child reads them back through these functions.
+launcher writes ``TF_CONFIG`` and ``MIRRORKIT_*`` into a child's environment
+(their names are :mod:`mirrorkit.protocol`'s); the child reads them back
+through these functions.
 
 Example:
     >>> from mirrorkit import _env
@@ -17,13 +18,27 @@ import contextlib
 import os
 from typing import Any, Callable, Iterator, Mapping
 
-# Names of the variables mirrorkit reads or writes, in one place.
-TF_CONFIG = "TF_CONFIG"
+# The names `mirrorkit launch` sets for its workers are the launcher-to-worker
+# protocol's (mirrorkit.protocol), so the launcher and this reader cannot drift.
+from mirrorkit.protocol import (  # noqa: F401 (re-exported: _env.RESTART_COUNT, ...)
+    CUDA_VISIBLE_DEVICES,
+    ELASTIC_BATCH,
+    ELASTIC_BATCH_CHOICES,
+    JOIN_TIMEOUT,
+    NETWORK,
+    ORIGINAL_RANK,
+    RESTART_COUNT,
+    RESTART_REASON,
+    RUN_ID,
+    STATUS_DIR,
+    TF_CONFIG,
+    TF_INTRA_OP_THREADS,
+)
+
+# The names of the other variables mirrorkit reads or writes, in one place.
 SIMULATE_CPUS = "MIRRORKIT_SIMULATE_CPUS"
 STRATEGY = "MIRRORKIT_STRATEGY"
-RESTART_COUNT = "MIRRORKIT_RESTART_COUNT"
 SCALE_BATCH = "MIRRORKIT_SCALE_BATCH"
-RUN_ID = "MIRRORKIT_RUN_ID"
 COLLECTIVE_TIMEOUT = "MIRRORKIT_COLLECTIVE_TIMEOUT"
 # Slurm: opt-out switch, first port per node, GPUs per local task.
 SLURM_ENABLE = "MIRRORKIT_SLURM"
@@ -32,24 +47,8 @@ SLURM_GPUS_PER_TASK = "MIRRORKIT_SLURM_GPUS_PER_TASK"
 # Set with the TF_CONFIG derived from Slurm, so a later read knows its source.
 SLURM_DERIVED = "MIRRORKIT_SLURM_TF_CONFIG"
 COMPAT = "MIRRORKIT_COMPAT"
-JOIN_TIMEOUT = "MIRRORKIT_JOIN_TIMEOUT"
 COMPAT_DISABLE = "MIRRORKIT_COMPAT_DISABLE"
-# Set by `mirrorkit launch` for workers in its private network namespace.
-NETWORK = "MIRRORKIT_NETWORK"
-# Set by `mirrorkit launch` from its second attempt on: why the group restarted
-# (one line), so the run's event log can record it.
-RESTART_REASON = "MIRRORKIT_RESTART_REASON"
-# Set by `mirrorkit launch`: a worker's rank in the job's first attempt, which
-# stays its name when an elastic job renumbers the survivors of a loss.
-ORIGINAL_RANK = "MIRRORKIT_ORIGINAL_RANK"
-# Set by `mirrorkit launch --min-workers`: how a resumed run keeps its batch when
-# the worker count changed ("global" or "per-replica").
-ELASTIC_BATCH = "MIRRORKIT_ELASTIC_BATCH"
-# Set by `mirrorkit launch`: a folder where each worker leaves worker-RANK.json
-# (its throughput), read back for the launcher's final summary.
-STATUS_DIR = "MIRRORKIT_STATUS_DIR"
-# TensorFlow's own thread-count variables (read by its C++ runtime).
-TF_INTRA_OP_THREADS = "TF_NUM_INTRAOP_THREADS"
+# TensorFlow's own inter-op thread count (read by its C++ runtime).
 TF_INTER_OP_THREADS = "TF_NUM_INTEROP_THREADS"
 
 
@@ -151,7 +150,7 @@ def original_rank() -> int | None:
 def elastic_batch() -> str | None:
     """Return ``MIRRORKIT_ELASTIC_BATCH`` (``global`` or ``per-replica``), or None when unset."""
     value = os.environ.get(ELASTIC_BATCH, "").strip().lower()
-    return value if value in {"global", "per-replica"} else None
+    return value if value in ELASTIC_BATCH_CHOICES else None
 
 
 def status_dir() -> str | None:
@@ -320,7 +319,7 @@ def replace_path_list(name: str, keep: Callable[[str], bool]) -> bool:
 
 def cuda_visible_devices() -> str | None:
     """Return ``CUDA_VISIBLE_DEVICES`` as set, or None."""
-    return os.environ.get("CUDA_VISIBLE_DEVICES")
+    return os.environ.get(CUDA_VISIBLE_DEVICES)
 
 
 def quiet_tensorflow() -> None:

@@ -19,18 +19,16 @@ from typing import Callable
 from mirrorkit import _env
 from mirrorkit.distribute import peer_loss
 
+# The defaults of the bounds (seconds) and the documented exit margin live in
+# the launcher-to-worker protocol: the launcher's rendezvous waits by the same
+# join timeout. Re-exported here, where they were first documented.
+from mirrorkit.protocol import (  # noqa: F401
+    DEFAULT_JOIN_TIMEOUT,
+    DEFAULT_PEER_TIMEOUT,
+    EXIT_MARGIN,
+)
+
 logger = logging.getLogger(__name__)
-
-
-# Defaults of the failure-detection bounds (seconds). The heartbeat timeout is
-# TensorFlow's own default; the join timeout replaces TF's one-hour wait for
-# workers that never start with something a person notices.
-DEFAULT_PEER_TIMEOUT = 10.0
-DEFAULT_JOIN_TIMEOUT = 300.0
-# Documented bound: a surviving worker exits within peer_timeout + this many
-# seconds of losing a peer (detection <= peer_timeout plus ~1-3 s to unwind
-# fit and shut TensorFlow down; the rest is headroom for a loaded machine).
-EXIT_MARGIN = 10.0
 
 
 def configure_failure_detection(

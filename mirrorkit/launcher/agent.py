@@ -10,8 +10,9 @@ member of a running cluster), the restart count reaches workers as
 :class:`~mirrorkit.launcher.state.RunResult` whose root cause names the
 worker that failed first.
 
-The launcher talks to workers only through environment variables and never
-imports TensorFlow, so it starts in well under a second.
+The launcher talks to workers only through what :mod:`mirrorkit.protocol`
+defines (environment variables, exit codes, output lines, status files) and
+never imports TensorFlow, so it starts in well under a second.
 
 Example:
     >>> spec = LaunchSpec(command=("python", "train.py"), nproc=2, max_restarts=1)
@@ -35,7 +36,7 @@ import time
 from pathlib import Path
 from typing import IO, Any, Callable
 
-from mirrorkit import _env
+from mirrorkit import _env, protocol
 from mirrorkit.errors import RunError
 from mirrorkit.launcher import worker_status
 from mirrorkit.launcher.group import WorkerGroup
@@ -45,7 +46,6 @@ from mirrorkit.launcher.membership import LocalAgreement
 from mirrorkit.launcher.rendezvous import RendezvousClient
 from mirrorkit.launcher.spec import LaunchSpec
 from mirrorkit.launcher.state import RunResult, WorkerFailure, WorkerState
-from mirrorkit.training.targets import MISSED_EXIT_CODE
 
 logger = logging.getLogger(__name__)
 
@@ -159,13 +159,13 @@ def launch(spec: LaunchSpec, *, stdout: IO[str] | None = None,
                        "Security)", f"{ports[0]}-{ports[-1]}" if len(ports) > 1 else ports[0])
     # One run id for every worker and every restart, so programs that name
     # their output after it (mirrorkit train's default folder) agree.
-    run_id = spec.env.get(_env.RUN_ID) or _env.run_id() or time.strftime("%Y%m%d-%H%M%S")
-    spec = dataclasses.replace(spec, env={**spec.env, _env.RUN_ID: run_id})
+    run_id = spec.env.get(protocol.RUN_ID) or _env.run_id() or time.strftime("%Y%m%d-%H%M%S")
+    spec = dataclasses.replace(spec, env={**spec.env, protocol.RUN_ID: run_id})
     worker_path = spec.env.get("PATH", _env.get("PATH"))
     argv = [_resolve_program(spec.command[0], worker_path), *spec.command[1:]]
     # Where workers leave their speed for the final summary (worker_status).
     status = tempfile.mkdtemp(prefix="mirrorkit-status-")
-    spec = dataclasses.replace(spec, env={**spec.env, _env.STATUS_DIR: status})
+    spec = dataclasses.replace(spec, env={**spec.env, protocol.STATUS_DIR: status})
     start = time.monotonic()
     wake = threading.Event()
     failures: list[WorkerFailure] = []
@@ -179,8 +179,8 @@ def launch(spec: LaunchSpec, *, stdout: IO[str] | None = None,
             if not signals.received:
                 raise
             name = signal.Signals(signals.received[0]).name
-            return RunResult(WorkerState.STOPPED, 128 + signals.received[0], 0, (), {}, name,
-                             time.monotonic() - start)
+            return RunResult(WorkerState.STOPPED, protocol.signal_exit_code(signals.received[0]),
+                             0, (), {}, name, time.monotonic() - start)
         isolation = None if spec.hosts is not None or spec.expose_network else _isolate()
         if isolation is not None:
             stack.callback(isolation.close)
@@ -205,13 +205,15 @@ def launch(spec: LaunchSpec, *, stdout: IO[str] | None = None,
                 logger.warning("received %s: stopping %d worker(s)", name, len(group.workers))
                 # A second signal means "now": skip the grace period.
                 group.stop(spec.grace_period, urgent=lambda: len(signals.received) > 1)
-                return result(WorkerState.STOPPED, 128 + signals.received[0], name)
+                return result(WorkerState.STOPPED, protocol.signal_exit_code(signals.received[0]),
+                              name)
             state = group.observe()
             if state is WorkerState.SUCCEEDED:
                 group.stop(0.0)
                 agreement.finished()
-                return result(WorkerState.SUCCEEDED,
-                              MISSED_EXIT_CODE if group.targets_missed else 0)
+                code = (protocol.ExitCode.TARGET_MISSED if group.targets_missed
+                        else protocol.ExitCode.OK)
+                return result(WorkerState.SUCCEEDED, int(code))
             told = agreement.stop_requested(view.attempt)
             if state is not WorkerState.FAILED and not told:
                 continue
@@ -230,7 +232,7 @@ def launch(spec: LaunchSpec, *, stdout: IO[str] | None = None,
                 bool(failure and failure.lost_peer))
             if signals.received:
                 continue  # interrupted while waiting for the rendezvous
-            code = failure.exit_code if failure else 1
+            code = failure.exit_code if failure else int(protocol.ExitCode.FAILED)
             if decision.view is None:
                 return result(WorkerState.FAILED, code, note=decision.failed)
             if view.attempt >= spec.max_restarts:

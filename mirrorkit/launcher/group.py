@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import IO, Callable, Mapping
 
-from mirrorkit import _env
+from mirrorkit import _env, protocol
 from mirrorkit.distribute.cluster import build_tf_config
 from mirrorkit.distribute.devices import cores_each, visible_devices
 from mirrorkit.launcher.bootstrap import SITE_DIR
@@ -51,7 +51,7 @@ def worker_threads(nproc: int, env: Mapping[str, str]) -> int | None:
         >>> worker_threads(2, {}) >= 1
         True
     """
-    if nproc <= 1 or env.get(_env.TF_INTRA_OP_THREADS):
+    if nproc <= 1 or env.get(protocol.TF_INTRA_OP_THREADS):
         return None
     return cores_each(nproc)
 
@@ -83,7 +83,7 @@ class WorkerGroup:
         base_env.update(spec.env)
         if isolation is not None:
             base_env.update(isolation.env(base_env))
-        parent_devices = base_env.get("CUDA_VISIBLE_DEVICES")
+        parent_devices = base_env.get(protocol.CUDA_VISIBLE_DEVICES)
         log_dir = Path(spec.log_dir) if spec.log_dir else None
         if log_dir is not None:
             log_dir.mkdir(parents=True, exist_ok=True)
@@ -95,28 +95,29 @@ class WorkerGroup:
         if threads and restart == 0:
             logger.info("each worker gets %d intra-op thread(s) (%s=%d: %d workers share this "
                         "machine's cores; set it yourself to override)",
-                        threads, _env.TF_INTRA_OP_THREADS, threads, len(local_members))
+                        threads, protocol.TF_INTRA_OP_THREADS, threads, len(local_members))
         try:
             for j, original in zip(slots, local_members):
                 rank = view.rank_of(original)
+                # The worker's side of mirrorkit.protocol: _env reads these back.
                 env = dict(base_env)
-                env[_env.TF_CONFIG] = build_tf_config(addresses, rank)
-                env[_env.RESTART_COUNT] = str(restart)
-                env[_env.ORIGINAL_RANK] = str(original)
+                env[protocol.TF_CONFIG] = build_tf_config(addresses, rank)
+                env[protocol.RESTART_COUNT] = str(restart)
+                env[protocol.ORIGINAL_RANK] = str(original)
                 if view.reason:
-                    env[_env.RESTART_REASON] = view.reason
+                    env[protocol.RESTART_REASON] = view.reason
                 if spec.elastic_batch:
-                    env[_env.ELASTIC_BATCH] = spec.elastic_batch
+                    env[protocol.ELASTIC_BATCH] = spec.elastic_batch
                 # Live output: Python workers must not block-buffer into the pipe.
                 env["PYTHONUNBUFFERED"] = "1"
                 if threads:
-                    env[_env.TF_INTRA_OP_THREADS] = str(threads)
+                    env[protocol.TF_INTRA_OP_THREADS] = str(threads)
                 # Python workers that never import mirrorkit still get its Keras
                 # fixes (mirrorkit.launcher.autofix); MIRRORKIT_COMPAT=off turns them off.
                 env["PYTHONPATH"] = os.pathsep.join(
                     filter(None, [str(SITE_DIR), base_env.get("PYTHONPATH")]))
                 if spec.gpus_per_worker:
-                    env["CUDA_VISIBLE_DEVICES"] = visible_devices(
+                    env[protocol.CUDA_VISIBLE_DEVICES] = visible_devices(
                         j, spec.gpus_per_worker, parent_devices)
                 # Named by original rank: one file per worker, whatever its rank now.
                 log = log_dir / f"worker-{original}.log" if log_dir else None

@@ -46,10 +46,10 @@ import time
 from typing import Callable
 
 from mirrorkit import _env
-from mirrorkit.distribute.failure_detection import DEFAULT_JOIN_TIMEOUT
 from mirrorkit.errors import RunError
 from mirrorkit.launcher.membership import Blame, Decision, Membership, View
 from mirrorkit.launcher.spec import LaunchSpec
+from mirrorkit.protocol import DEFAULT_JOIN_TIMEOUT
 
 logger = logging.getLogger(__name__)
 

@@ -12,6 +12,8 @@ import enum
 import signal
 from typing import Mapping
 
+from mirrorkit.protocol import ExitCode, parse_lost_peer, signal_exit_code
+
 
 class WorkerState(str, enum.Enum):
     """Where a worker (or, for :attr:`RunResult.state`, the whole run) is.
@@ -72,14 +74,16 @@ class WorkerFailure:
     @property
     def exit_code(self) -> int:
         """Shell-style status: the exit code, or 128 + N for signal N."""
-        return self.returncode if self.returncode >= 0 else 128 - self.returncode
+        return self.returncode if self.returncode >= 0 else signal_exit_code(-self.returncode)
 
     @property
     def lost_peer(self) -> str | None:
-        """The worker's one-line account of a lost peer, when it died of one."""
-        from mirrorkit.distribute.peer_loss import MARKER
+        """The worker's one-line account of a lost peer, when it died of one.
 
-        found = [line.strip() for line in self.tail if line.strip().startswith(MARKER)]
+        The line is :func:`mirrorkit.protocol.format_lost_peer`'s, found by
+        :func:`~mirrorkit.protocol.parse_lost_peer`: the worker's last such line.
+        """
+        found = [peer.line for peer in map(parse_lost_peer, self.tail) if peer is not None]
         return found[-1] if found else None
 
     @property
@@ -141,7 +145,8 @@ class RunResult:
         """A human-readable account: outcome, root cause and its last output lines."""
         speeds = "".join(f"\n  {line}" for line in self.workers)
         if self.state is WorkerState.SUCCEEDED:
-            missed = "; target(s) missed, exit code 3" if self.exit_code == 3 else ""
+            missed = (f"; target(s) missed, exit code {int(ExitCode.TARGET_MISSED)}"
+                      if self.exit_code == ExitCode.TARGET_MISSED else "")
             return (f"all {len(self.worker_states)} worker(s) succeeded in "
                     f"{self.elapsed:.1f} s ({self.restarts} restarts){missed}{speeds}")
         if self.state is WorkerState.STOPPED:

@@ -2,7 +2,8 @@
 
 ``mirrorkit launch`` gives its workers a private folder
 (``MIRRORKIT_STATUS_DIR``); ``mirrorkit train`` leaves ``worker-<rank>.json``
-there at every epoch end (:class:`mirrorkit.training.monitoring.WorkerMonitor`):
+there at every epoch end (:class:`mirrorkit.training.monitoring.WorkerMonitor`,
+in the schema of :func:`mirrorkit.protocol.write_status`):
 its images/s (its share of the global batch over the wall step time) and its
 local step time (its own share of the work, timed without communication,
 which is where a straggler shows). The launcher reads them back at the end;
@@ -18,15 +19,23 @@ Example:
 
 from __future__ import annotations
 
-import json
+import logging
 import os
 import statistics
 from pathlib import Path
 from typing import Any
 
+from mirrorkit import protocol
+
+logger = logging.getLogger(__name__)
+
 
 def read(folder: str | os.PathLike | None) -> list[dict[str, Any]]:
-    """The workers' last reports in ``folder``, by rank; unreadable files are skipped.
+    """The workers' last reports in ``folder``, by rank.
+
+    A file that cannot be read or does not match the status schema (another
+    mirrorkit version's, for one) is skipped with a warning: the summary
+    then lacks that worker's line, the run's outcome does not change.
 
     Example:
         >>> read("/surely/not/a/folder")
@@ -35,13 +44,11 @@ def read(folder: str | os.PathLike | None) -> list[dict[str, Any]]:
     if folder is None or not Path(folder).is_dir():
         return []
     found = []
-    for path in sorted(Path(folder).glob("worker-*.json")):
+    for path in sorted(Path(folder).glob(protocol.STATUS_GLOB)):
         try:
-            status = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(status, dict) and isinstance(status.get("rank"), int):
-            found.append(status)
+            found.append(protocol.read_status(path))
+        except (OSError, ValueError) as err:
+            logger.warning("skipping a worker's status: %s", err)
     return sorted(found, key=lambda s: s["rank"])
 
 

@@ -27,7 +27,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
@@ -35,6 +34,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import keras
+
+from mirrorkit import protocol
 
 STRAGGLER_FACTOR = 1.5
 _REPEATS = 5
@@ -141,13 +142,11 @@ class WorkerMonitor(keras.callbacks.Callback):
 
         rank = describe(self.strategy).task_index
         share = self.global_batch / self.workers
-        status = {"rank": rank, "epoch": epoch + 1, "step_ms": step_ms,
-                  "images_per_second": share / (step_ms / 1000) if step_ms else None,
-                  "local_step_ms": times[min(rank, len(times) - 1)]}
-        # Replace, never half-write: the launcher may read at any moment.
-        tmp = self.status_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(status) + "\n")
-        os.replace(tmp, self.status_path)
+        # The launcher reads it back with protocol.read_status: one schema, one version.
+        protocol.write_status(
+            self.status_path, rank=rank, epoch=epoch + 1, step_ms=step_ms,
+            images_per_second=share / (step_ms / 1000) if step_ms else None,
+            local_step_ms=times[min(rank, len(times) - 1)])
 
     def _local_step_ms(self) -> float:
         if self._probe is None:

@@ -22,10 +22,13 @@ import operator
 import re
 from typing import Any, Mapping, Sequence
 
-# Distinct from errors (1) and usage errors (2).
-MISSED_EXIT_CODE = 3
+from mirrorkit.protocol import TARGET_MISSED_PREFIX, ExitCode, format_target_missed
+
+# Distinct from errors (1) and usage errors (2); the launcher-to-worker
+# protocol defines it, since `mirrorkit launch` interprets it.
+MISSED_EXIT_CODE = int(ExitCode.TARGET_MISSED)
 # How each miss is reported; `mirrorkit launch` recognises a finished run by it.
-MISSED_PREFIX = "target missed: "
+MISSED_PREFIX = TARGET_MISSED_PREFIX
 
 # The numbers mirrorkit train writes to metrics.json (tests keep this list in
 # step with a real run's file).
@@ -120,6 +123,4 @@ def missed_lines(results: Sequence[Mapping[str, Any]]) -> list[str]:
         >>> missed_lines([{"target": "val_loss<0.2", "value": 0.25, "met": False}])
         ['target missed: val_loss<0.2 (measured 0.25)']
     """
-    return [f"{MISSED_PREFIX}{r['target']} (measured "
-            f"{'nothing' if r['value'] is None else format(r['value'], '.6g')})"
-            for r in results if not r["met"]]
+    return [format_target_missed(r["target"], r["value"]) for r in results if not r["met"]]
