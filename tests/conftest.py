@@ -122,3 +122,215 @@ def conv_mis_shapes_empty_batches() -> bool:
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout.strip().splitlines()[-1] == "True"
+
+
+# -- Test tiers and parallel runs (pytest-xdist) ----------------------------------
+#
+# `python -m pytest` runs the whole suite on several xdist workers (`-n auto
+# --dist loadgroup` in pyproject.toml); `python -m pytest -m fast` is the
+# in-process tier for development (tests/test_tiers.py keeps every package in it).
+# Under xdist:
+#   - `@pytest.mark.exclusive` tests (timing or CPU-share assertions) run with
+#     no other test of the session running: they hold a session-wide file lock
+#     exclusively, every other test holds it shared. They also share one
+#     xdist group, so they run one after another on one worker.
+#   - `@pytest.mark.xdist_group(name)` keeps singletons (the Slurm cluster,
+#     fixed ports) on one worker; tests that use a module-scoped fixture of
+#     their module are grouped per module, so the fixture's work runs once.
+#   - each worker gets a private TMPDIR, so what one test finds in the temporary
+#     folder (mirrorkit's private scratch folders, lock files) is its own.
+
+import contextlib  # noqa: E402
+import fcntl  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+_LOCK_DIR = pytest.StashKey[Path]()
+_WORKER_TMP = pytest.StashKey[Path]()
+_LOCK = pytest.StashKey["_SessionLock"]()
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: two workers per core (most tests wait on subprocesses), ~3 GiB each."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        memory_gib = 3.0 * 2 * (cores or 1)
+    return max(1, min(2 * (cores or 1), int(memory_gib // 3)))
+
+
+class _SessionLock:
+    """Shared for ordinary tests, exclusive for ``exclusive`` ones, across xdist workers.
+
+    A waiting exclusive test holds the gate, so no new shared holder starts
+    while it waits for the running ones to finish (it cannot be starved).
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self._gate = open(folder / "gate.lock", "a+")
+        self._main = open(folder / "main.lock", "a+")
+
+    @contextlib.contextmanager
+    def hold(self, exclusive: bool):
+        if exclusive:
+            fcntl.flock(self._gate, fcntl.LOCK_EX)
+            fcntl.flock(self._main, fcntl.LOCK_EX)
+        else:
+            fcntl.flock(self._gate, fcntl.LOCK_SH)
+            fcntl.flock(self._main, fcntl.LOCK_SH)
+            fcntl.flock(self._gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._main, fcntl.LOCK_UN)
+            if exclusive:
+                fcntl.flock(self._gate, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    worker_input = getattr(config, "workerinput", None)
+    if worker_input is None:
+        if getattr(config.option, "numprocesses", None):   # the xdist controller
+            config.stash[_LOCK_DIR] = Path(tempfile.mkdtemp(prefix="mk-pytest-"))
+        return
+    if "mirrorkit_lock_dir" not in worker_input:
+        return
+    config.stash[_LOCK] = _SessionLock(Path(worker_input["mirrorkit_lock_dir"]))
+    # A private temporary folder per worker, for this process and every one it starts.
+    private = Path(tempfile.mkdtemp(prefix=f"mk-{worker_input['workerid']}-"))
+    private.chmod(0o1777)   # like /tmp: tests that run a program as another user
+    config.stash[_WORKER_TMP] = private
+    os.environ["TMPDIR"] = str(private)
+    tempfile.tempdir = None   # computed again from TMPDIR
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    folder = node.config.stash.get(_LOCK_DIR, None)
+    if folder is not None:
+        node.workerinput["mirrorkit_lock_dir"] = str(folder)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for key in (_WORKER_TMP, _LOCK_DIR):
+        folder = config.stash.get(key, None)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _module_fixture_users(item: pytest.Item) -> bool:
+    """Does ``item`` use a (non-autouse) module-scoped fixture defined in its own module?"""
+    info, module = getattr(item, "_fixtureinfo", None), item.getparent(pytest.Module)
+    if info is None or module is None:
+        return False
+    for name in info.names_closure:
+        for fixturedef in info.name2fixturedefs.get(name, ()):
+            if (fixturedef.scope == "module" and not getattr(fixturedef, "_autouse", False)
+                    and fixturedef.baseid == module.nodeid):
+                return True
+    return False
+
+
+# The fast tier: these files whole (in-process, seconds), plus the tests marked
+# `@pytest.mark.fast` one by one in the other files.
+FAST_FILES = {
+    "tests/commands/test_tf_config_cli.py",
+    "tests/compat/test_generator_copies.py",
+    "tests/data/test_datasets.py",
+    "tests/distribute/test_cluster.py",
+    "tests/distribute/test_k8s_manifest.py",
+    "tests/patching/test_outside_engine.py",
+    "tests/test_readme.py",
+    "tests/test_tiers.py",
+    "tests/training/test_callbacks.py",
+    "tests/training/test_models.py",
+    "tests/training/test_targets.py",
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.relative_to(REPO).as_posix() in FAST_FILES:
+            item.add_marker(pytest.mark.fast)
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        if item.get_closest_marker("exclusive") is not None:
+            item.add_marker(pytest.mark.xdist_group("exclusive"))
+        elif _module_fixture_users(item):
+            item.add_marker(pytest.mark.xdist_group(item.getparent(pytest.Module).nodeid))
+
+
+@pytest.hookimpl(tryfirst=True)   # before xdist tells the controller it has collected
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """On an xdist worker: write each test's group for the controller's scheduler."""
+    worker_input = getattr(session.config, "workerinput", None)
+    if worker_input is None or "mirrorkit_lock_dir" not in worker_input:
+        return
+    groups, weights = {}, {}
+    for item in session.items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        if names:
+            groups[item.nodeid] = "_".join(names)
+        # A rough cost, so the longest work starts first: slow runs take ~a minute,
+        # fast ones ~a second, the rest (mostly one fresh interpreter) ~10 s.
+        weights[item.nodeid] = (60 if item.get_closest_marker("slow") else
+                                1 if item.get_closest_marker("fast") else 10)
+    folder = Path(worker_input["mirrorkit_lock_dir"])
+    part = folder / f"groups-{worker_input['workerid']}.json.part"
+    part.write_text(json.dumps({"groups": groups, "weights": weights}))
+    part.rename(folder / f"groups-{worker_input['workerid']}.json")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadgroup`` that works on pytest 9 too.
+
+    xdist marks a grouped test by appending ``@group`` to its node id, which
+    pytest 9 no longer lets a plugin change; here the workers write the groups
+    to a file (above) and the scheduler reads them.
+    """
+    folder = config.stash.get(_LOCK_DIR, None)
+    if config.getvalue("dist") != "loadgroup" or folder is None:
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class FileGroupScheduling(LoadGroupScheduling):
+        _found: dict | None = None
+        _ordered = False
+
+        def _collected(self) -> dict:
+            if self._found is None:   # every worker has collected by now (schedule() runs after)
+                files = sorted(folder.glob("groups-*.json"))
+                self._found = json.loads(files[0].read_text()) if files else {}
+            return self._found
+
+        def _split_scope(self, nodeid: str) -> str:
+            group = self._collected().get("groups", {}).get(nodeid)
+            return group if group is not None else super()._split_scope(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            if not self._ordered:   # the heaviest work units first
+                weights = self._collected().get("weights", {})
+                units = sorted(self.workqueue.items(),
+                               key=lambda unit: -sum(weights.get(n, 10) for n in unit[1]))
+                self.workqueue.clear()
+                self.workqueue.update(units)
+                self._ordered = True
+            super()._assign_work_unit(node)
+
+    return FileGroupScheduling(config, log)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    lock = item.config.stash.get(_LOCK, None)
+    if lock is None:
+        return (yield)
+    with lock.hold(exclusive=item.get_closest_marker("exclusive") is not None):
+        return (yield)

@@ -30,12 +30,14 @@ def _row(workers: int, replicas: int, ips: float | None, eff: float | None,
 
 # ---------------------------------------------------------------- pure functions
 
+@pytest.mark.fast
 @pytest.mark.parametrize("text, expected", [("1,2,4", (1, 2, 4)), (" 4 , 1,1", (1, 4)),
                                             ("2", (2,)), ((3, 1), (1, 3))])
 def test_parse_counts(text, expected):
     assert parse_counts(text) == expected
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("text", ["0,x", "", "1,,2", "-1", "1.5", "two", [], [True]])
 def test_parse_counts_rejects_with_the_value(text):
     with pytest.raises(ValueError, match=r"`replicas` must be a comma-separated list of "
@@ -43,12 +45,14 @@ def test_parse_counts_rejects_with_the_value(text):
         parse_counts(text, name="replicas")
 
 
+@pytest.mark.fast
 def test_config_always_measures_one_replica_and_orders_cases():
     config = BenchConfig(replicas="4,2", workers="1,3")
     assert config.cases() == (Case(1, 1), Case(1, 2), Case(1, 4), Case(3, 1))
     assert config.cases()[-1].replicas == 3
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("kwargs, match", [
     ({"steps": 0}, "`steps` must be a positive integer"),
     ({"per_replica_batch": -2}, "`per_replica_batch` must be a positive integer"),
@@ -61,6 +65,7 @@ def test_config_rejects_bad_values(kwargs, match):
         BenchConfig(**kwargs)
 
 
+@pytest.mark.fast
 def test_table_and_files_from_a_constructed_report(tmp_path):
     report = BenchReport(
         config=BenchConfig(replicas=(1, 2), workers=(1, 2)),
@@ -84,6 +89,7 @@ def test_table_and_files_from_a_constructed_report(tmp_path):
     assert paths["png"].read_bytes()[:8] == PNG_MAGIC
 
 
+@pytest.mark.fast
 def test_output_that_is_a_file_is_refused(tmp_path):
     target = tmp_path / "f"
     target.write_text("x")
@@ -118,6 +124,7 @@ except ImportError as err:
 
 # ---------------------------------------------------------------- CLI
 
+@pytest.mark.fast
 @pytest.mark.parametrize("args, start", [
     (["--replicas", "0,x"], "Error: `replicas` must be a comma-separated list"),
     (["--workers", "1,-2"], "Error: `workers` must be a comma-separated list"),

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 from conftest import clean_env
 
@@ -70,6 +71,7 @@ def test_info_describes_a_cluster_without_joining_it():
                                       "TensorFlow's traffic is unauthenticated")
 
 
+@pytest.mark.fast
 def test_info_in_an_isolated_launch_says_loopback_only(monkeypatch):
     from mirrorkit.distribute.report import listening_note
 
@@ -80,6 +82,7 @@ def test_info_in_an_isolated_launch_says_loopback_only(monkeypatch):
                                              "private network namespace")
 
 
+@pytest.mark.fast
 def test_malformed_tf_config_is_one_line_not_a_traceback():
     runner = CliRunner()
     for bad, needle in [("{oops", "not valid JSON"),
@@ -93,6 +96,7 @@ def test_malformed_tf_config_is_one_line_not_a_traceback():
         assert len(lines) == 1 and lines[0].startswith("Error:") and needle in lines[0]
 
 
+@pytest.mark.fast
 def test_bad_simulate_cpus_env_is_one_line():
     result = CliRunner().invoke(cli, ["info"], env={"MIRRORKIT_SIMULATE_CPUS": "zero"})
     assert result.exit_code == 1 and "Traceback" not in result.output

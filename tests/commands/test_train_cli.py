@@ -192,6 +192,7 @@ def bad_folders(tmp_path_factory):
     return root
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("args, expected", [
     (["--model", "resnet21"],
      "Unknown model. Did you mean resnet20 or resnet56? Valid: cnn, resnet20"),
@@ -274,6 +275,7 @@ def sources(tmp_path_factory):
     return root
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("source, args, train_examples", [
     ("synthetic",
      ["--image-size", "8", "--channels", "1", "--classes", "4", "--examples", "96"], 96),
@@ -294,6 +296,7 @@ def test_each_source_trains_end_to_end(sources, tmp_path, source, args, train_ex
     assert (tmp_path / "run" / "model.keras").exists()
 
 
+@pytest.mark.fast
 def test_export_refuses_a_directory_with_shards(sources):
     before = sorted(p.name for p in (sources / "shards").iterdir())
     result = CliRunner().invoke(cli, ["export", "--output", str(sources / "shards")])

@@ -54,6 +54,7 @@ def test_steps_stop_faulting_their_tensors_in_again(tmp_path):
     assert fixed["fit_faults"] * 3 < upstream["fit_faults"], (fixed, upstream)
 
 
+@pytest.mark.fast
 def test_disabled_names_are_accepted_and_checked():
     from mirrorkit import compat
     from mirrorkit._env import patch

@@ -36,6 +36,7 @@ def test_importing_compat_does_not_import_tensorflow():
     assert out.stdout.split() == ["False", "False", "True", "True"]
 
 
+@pytest.mark.fast
 def test_apply_is_idempotent_and_revert_restores_keras(restore_keras):
     from keras.src.backend.tensorflow import trainer
 
@@ -55,6 +56,7 @@ def test_apply_is_idempotent_and_revert_restores_keras(restore_keras):
     assert current() == original
 
 
+@pytest.mark.fast
 def test_disable_by_argument_and_by_environment(restore_keras):
     assert compat.apply(disable=["scalar-logs"]) == {
         **dict.fromkeys(compat.FIXES, "applied"), "scalar-logs": "disabled"}
@@ -70,6 +72,7 @@ def test_disable_by_argument_and_by_environment(restore_keras):
         assert compat.apply() == dict.fromkeys(compat.FIXES, "applied")
 
 
+@pytest.mark.fast
 def test_unknown_fix_names_are_rejected_with_the_valid_ones(restore_keras):
     with pytest.raises(ValueError, match="accepted: all, " + ", ".join(compat.FIXES)):
         compat.apply(disable=["scalar_logs"])
@@ -164,6 +167,7 @@ def test_several_steps_per_execution_on_two_replicas_need_the_multi_step_fix(tmp
     assert compat.FIXES["multi-step"].error in result["upstream"]
 
 
+@pytest.mark.fast
 def test_failure_detection_settings_are_validated():
     with pytest.raises(ValueError, match="peer_timeout must be a positive number"):
         mirrorkit.configure_failure_detection(peer_timeout=0)

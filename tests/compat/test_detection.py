@@ -11,11 +11,13 @@ fails.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from conftest import run_snippet
 
 from mirrorkit import compat
 
 
+@pytest.mark.fast
 def test_tested_keras_is_decided_by_the_version_table():
     for fix in compat.FIXES.values():
         decision = fix.decide(None)
@@ -24,6 +26,7 @@ def test_tested_keras_is_decided_by_the_version_table():
     assert compat.FIXES["multi-step"].decide(None, keras_version="3.15.2").how == "assumed"
 
 
+@pytest.mark.fast
 def test_untested_keras_with_nothing_to_probe_on_applies_the_fix():
     for fix in compat.FIXES.values():
         decision = fix.decide(None, keras_version="99.0")

@@ -215,6 +215,7 @@ def test_resume_after_both_workers_are_killed(tmp_path, reference):
 PEER_TIMEOUT = 5.0
 
 
+@pytest.mark.exclusive
 @pytest.mark.parametrize("victim", [1, 0], ids=["kill-worker", "kill-chief"])
 def test_dead_peer_fails_the_survivor_within_the_bound(tmp_path, victim):
     bound = PEER_TIMEOUT + EXIT_MARGIN

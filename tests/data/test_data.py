@@ -15,6 +15,7 @@ from mirrorkit.data import BatchSize, resolve_batch, shard_policy
 # --- batch math (pure) -------------------------------------------------------
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("kwargs, expected", [
     ({"per_replica_batch": 32, "replicas": 4}, (32, 128, 4)),
     ({"global_batch": 128, "replicas": 4}, (32, 128, 4)),
@@ -27,6 +28,7 @@ def test_resolve_batch_converts_both_ways(kwargs, expected):
     assert batch.per_replica * batch.replicas == batch.global_batch
 
 
+@pytest.mark.fast
 def test_non_divisible_global_batch_is_rejected_with_the_keras_message():
     with pytest.raises(ValueError) as err:
         resolve_batch(global_batch=30, replicas=4)
@@ -34,6 +36,7 @@ def test_non_divisible_global_batch_is_rejected_with_the_keras_message():
                               "Received: global_batch=30")
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("kwargs, received", [
     ({"per_replica_batch": 0, "replicas": 2}, "per_replica_batch=0"),
     ({"per_replica_batch": -8, "replicas": 2}, "per_replica_batch=-8"),
@@ -52,12 +55,14 @@ def test_bad_batch_arguments_raise_value_error_naming_the_value(kwargs, received
     assert f"Received: {received}" in str(err.value)
 
 
+@pytest.mark.fast
 def test_batch_size_is_frozen():
     batch = BatchSize(per_replica=2, global_batch=4, replicas=2)
     with pytest.raises(AttributeError):
         batch.replicas = 3  # type: ignore[misc]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("from_files, num_files, num_workers, expected", [
     (True, 8, 2, "FILE"),
     (True, 2, 2, "FILE"),
@@ -73,6 +78,7 @@ def test_shard_policy_per_source(from_files, num_files, num_workers, expected):
                         num_workers=num_workers) == expected
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("kwargs, received", [
     ({"num_files": 2, "num_workers": 0}, "num_workers=0"),
     ({"num_files": -1, "num_workers": 2}, "num_files=-1"),

@@ -26,7 +26,7 @@ import pytest
 from conftest import REPO, clean_env
 from netns_hosts import TestHosts, unavailable
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("netns-hosts"),
               pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
 
 MIRRORKIT = [sys.executable, "-m", "mirrorkit"]
@@ -152,6 +152,7 @@ def test_a_link_cut_mid_epoch_is_survived_with_every_epoch_done_once(hosts, tmp_
         assert "mirrorkit: lost peer " in node.text(), node.text()[-3000:]
 
 
+@pytest.mark.exclusive
 def test_a_frozen_host_is_named_by_the_survivor_within_the_bound(hosts, tmp_path):
     out = tmp_path / "out"
     # mirrorkit run on the survivor: the runner reports the loss in one line too.

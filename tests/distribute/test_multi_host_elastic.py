@@ -22,7 +22,7 @@ from conftest import REPO, clean_env
 from netns_hosts import TestHosts, unavailable
 from test_multi_host import Node, finish, report
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("netns-hosts"),
               pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
 
 MIRRORKIT = [sys.executable, "-m", "mirrorkit"]

@@ -49,6 +49,7 @@ The error could be from a previous operation. Restart your program to reset.
 \t [[{{node CollectiveReduceV2}}]] [Op:__inference_multi_step_on_iterator_772]"""
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("kind, text, expected", [
     (tf.errors.UnavailableError, FROZEN,
      "worker 1 at hostb:23400 (stopped sending heartbeats)"),
@@ -64,6 +65,7 @@ def test_each_observation_names_the_lost_task_and_its_address(kind, text, expect
     assert line == f"mirrorkit: lost peer {expected}; no training step finished for 6.2 s"
 
 
+@pytest.mark.fast
 def test_the_leader_is_the_chief_when_there_is_one():
     cluster = {"chief": ["c:1"], "worker": ["w:2"]}
     line = peer_loss.explain(tf.errors.DeadlineExceededError(None, None, LEADER_CUT),
@@ -71,6 +73,7 @@ def test_the_leader_is_the_chief_when_there_is_one():
     assert line.startswith("mirrorkit: lost peer chief 0 at c:1 (heartbeat deadline")
 
 
+@pytest.mark.fast
 def test_the_address_is_matched_through_name_resolution_when_grpc_omits_the_task():
     text = "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:5002: " \
            "Failed to connect to remote host: Connection refused"
@@ -80,6 +83,7 @@ def test_the_address_is_matched_through_name_resolution_when_grpc_omits_the_task
     assert "worker 1 at localhost:5002 (connection refused)" in line
 
 
+@pytest.mark.fast
 def test_without_progress_the_heartbeat_timeout_is_named(monkeypatch):
     monkeypatch.setattr(peer_loss, "_last_progress", None)
     monkeypatch.setattr(peer_loss, "_heartbeat_timeout", 7.0)
@@ -87,6 +91,7 @@ def test_without_progress_the_heartbeat_timeout_is_named(monkeypatch):
     assert line.endswith("(stopped sending heartbeats); heartbeat timeout 7 s")
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("err", [
     ValueError("Connection refused"),  # not a TensorFlow runtime error
     tf.errors.UnavailableError(None, None, "Socket is not connected to any dataset"),
@@ -96,6 +101,7 @@ def test_other_errors_are_left_alone(err):
     assert peer_loss.explain(err, cluster=CLUSTER) is None
 
 
+@pytest.mark.fast
 def test_the_cause_chain_is_searched():
     try:
         try:
@@ -134,6 +140,7 @@ def test_other_exceptions_keep_their_traceback(tmp_path):
     assert "Traceback" in proc.stderr and proc.stderr.strip().endswith("KeyError: 'mine'")
 
 
+@pytest.mark.fast
 def test_the_launcher_summary_leads_with_the_lost_peer():
     line = "mirrorkit: lost peer worker 1 at hostb:23400 (stopped sending heartbeats); " \
            "no training step finished for 6.1 s"
@@ -144,6 +151,7 @@ def test_the_launcher_summary_leads_with_the_lost_peer():
     assert "Root cause: worker 0 (pid 7) exited with code 1" in text
 
 
+@pytest.mark.fast
 def test_this_workers_own_task_is_never_named_lost(monkeypatch):
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": CLUSTER,
                                                 "task": {"type": "worker", "index": 0}}))

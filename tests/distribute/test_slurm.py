@@ -42,6 +42,7 @@ def step_env(procid: int, *, nodelist="localhost", per_node="2", ntasks=2, nodei
 
 # --- pure expansion ---------------------------------------------------------
 
+@pytest.mark.fast
 @pytest.mark.parametrize("text, hosts", [
     ("node[01-03,07],gpu5", ["node01", "node02", "node03", "node07", "gpu5"]),
     ("n1", ["n1"]),
@@ -55,6 +56,7 @@ def test_expand_nodelist(text, hosts):
     assert slurm.expand_nodelist(text) == hosts
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("text, message", [
     ("", "empty entry"), ("n[1-", "unbalanced"), ("n1]", "unbalanced"),
     ("n[3-1]", "decreasing range '3-1'"), ("n[a-b]", "bad range 'a-b'"),
@@ -66,6 +68,7 @@ def test_expand_nodelist_errors_name_the_list(text, message):
     assert message in str(err.value) and f"nodelist={text!r}" in str(err.value)
 
 
+@pytest.mark.fast
 def test_expand_tasks_per_node():
     assert slurm.expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
     assert slurm.expand_tasks_per_node("4") == [4]
@@ -74,6 +77,7 @@ def test_expand_tasks_per_node():
             slurm.expand_tasks_per_node(bad)
 
 
+@pytest.mark.fast
 def test_default_port_base_is_per_job_and_below_ephemeral_ports():
     bases = {slurm.default_port_base(str(j)) for j in range(1000, 3500)}
     assert len(bases) == 2500 and min(bases) >= 12000 and max(bases) + 7 < 32768
@@ -82,6 +86,7 @@ def test_default_port_base_is_per_job_and_below_ephemeral_ports():
 
 # --- the derived cluster ------------------------------------------------------
 
+@pytest.mark.fast
 def test_not_a_step_means_no_cluster():
     # An sbatch script has SLURM_NTASKS and SLURM_PROCID=0 but runs one process.
     batch = {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NTASKS": "4", "SLURM_PROCID": "0",
@@ -89,6 +94,7 @@ def test_not_a_step_means_no_cluster():
     assert slurm.from_env(batch) is None and slurm.from_env({}) is None
 
 
+@pytest.mark.fast
 def test_two_tasks_on_one_host():
     tasks = [slurm.from_env(step_env(i), port_base=7000) for i in (0, 1)]
     assert [t.cluster.to_dict() for t in tasks] == [
@@ -98,6 +104,7 @@ def test_two_tasks_on_one_host():
     assert tasks[1].environ() == {"TF_CONFIG": tasks[1].cluster.to_json()}
 
 
+@pytest.mark.fast
 def test_every_task_of_a_multi_node_step_agrees_and_owns_its_address():
     # 3 nodes with 2, 2, 1 tasks; cyclic distribution: SLURM_PROCID is not the index.
     layout = [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1)]  # procid -> (node, local)
@@ -114,6 +121,7 @@ def test_every_task_of_a_multi_node_step_agrees_and_owns_its_address():
     assert [t.cluster.is_chief for t in tasks] == [True, False, False, False, False]
 
 
+@pytest.mark.fast
 def test_node_name_beats_node_id():
     # A step on nodes 3-4 of a bigger job, with a job-relative SLURM_NODEID.
     env = step_env(1, nodelist="n[3-4]", per_node="1(x2)", nodeid=3, localid=0,
@@ -123,6 +131,7 @@ def test_node_name_beats_node_id():
         slurm.from_env({**env, "SLURMD_NODENAME": "elsewhere"})
 
 
+@pytest.mark.fast
 def test_job_level_fallbacks():
     env = {"SLURM_STEP_NUM_TASKS": "4", "SLURM_JOB_NODELIST": "a,b", "SLURM_PROCID": "3",
            "SLURM_NODEID": "1", "SLURM_LOCALID": "1"}
@@ -130,6 +139,7 @@ def test_job_level_fallbacks():
     assert task.cluster.task_index == 3 and task.address == "b:101"
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("change, message", [
     ({"SLURM_STEP_NUM_TASKS": "3"}, "SLURM_STEP_NUM_TASKS=3 task(s) but the per-node"),
     ({"SLURM_LOCALID": "2"}, "SLURM_LOCALID=2 is out of range for 2 task(s)"),
@@ -147,6 +157,7 @@ def test_inconsistent_step_is_a_clear_error(change, message):
         slurm.from_env(missing)
 
 
+@pytest.mark.fast
 def test_gpu_slices_per_local_task():
     def devices(local, visible=None):
         env = step_env(local, per_node="4", ntasks=4)
@@ -174,6 +185,7 @@ def _patched(values: dict[str, str]):
     return _env.patch(names)
 
 
+@pytest.mark.fast
 def test_strategy_uses_the_slurm_step_and_exports_tf_config():
     with _patched({**step_env(1), _env.SLURM_PORT: "7100", _env.SLURM_GPUS_PER_TASK: "1"}):
         cluster, source = _cluster_from_env()
@@ -186,6 +198,7 @@ def test_strategy_uses_the_slurm_step_and_exports_tf_config():
     assert _env.tf_config_text() is None or "7100" not in _env.tf_config_text()
 
 
+@pytest.mark.fast
 def test_tf_config_wins_and_slurm_can_be_switched_off():
     explicit = json.dumps({"cluster": {"worker": ["h:1", "h:2"]},
                            "task": {"type": "worker", "index": 0}})
@@ -269,6 +282,7 @@ TFJOB = {"chief": ["mnist-chief-0.ns.svc:2222"],
          "worker": ["mnist-worker-0.ns.svc:2222", "mnist-worker-1.ns.svc:2222"]}
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("task, chief, rank", [
     ({"type": "chief", "index": 0}, True, 0),
     ({"type": "worker", "index": 0}, False, 1),
@@ -282,6 +296,7 @@ def test_tfjob_tf_config_chief_detection(task, chief, rank):
     assert sel.reason == f"TF_CONFIG names 3 workers, this is {task['type']} {task['index']}"
 
 
+@pytest.mark.fast
 def test_tfjob_manifest_runs_mirrorkit_train_as_chief_and_workers():
     text = (REPO / "apps" / "k8s" / "tfjob.yaml").read_text()
     assert "kind: TFJob" in text and "apiVersion: kubeflow.org/v1" in text

@@ -21,7 +21,7 @@ import pytest
 from conftest import REPO
 from slurm_cluster import SlurmCluster, unavailable
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm-cluster"),
               pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
 
 MIRRORKIT = [sys.executable, "-m", "mirrorkit"]

@@ -15,18 +15,21 @@ from mirrorkit.distribute.strategy import select
 TWO_WORKERS = build_tf_config(["localhost:2222", "localhost:2223"], 1)
 
 
+@pytest.mark.fast
 def test_select_default_on_plain_cpu():
     sel = select("auto", gpus=0)
     assert (sel.kind, sel.replicas) == ("default", 1)
     assert "no GPU visible" in sel.reason
 
 
+@pytest.mark.fast
 def test_select_gpus():
     assert select("auto", gpus=2).reason == "2 GPUs visible"
     sel = select("auto", gpus=1)
     assert (sel.kind, sel.replicas, sel.reason) == ("mirrored", 1, "1 GPU visible")
 
 
+@pytest.mark.fast
 def test_select_simulated_cpus_and_ignored_with_gpus():
     sel = select("auto", gpus=0, simulate_cpus=4, simulate_source="MIRRORKIT_SIMULATE_CPUS")
     assert (sel.kind, sel.replicas) == ("mirrored", 4)
@@ -35,17 +38,20 @@ def test_select_simulated_cpus_and_ignored_with_gpus():
     assert sel.replicas == 2 and "ignored" in sel.reason
 
 
+@pytest.mark.fast
 def test_select_multi_worker_from_cluster():
     sel = select("auto", gpus=0, cluster=parse_tf_config(TWO_WORKERS))
     assert sel.kind == "multi_worker"
     assert sel.reason == "TF_CONFIG names 2 workers, this is worker 1"
 
 
+@pytest.mark.fast
 def test_single_worker_tf_config_trains_locally():
     sel = select("auto", gpus=0, cluster=parse_tf_config(build_tf_config(["a:1"], 0)))
     assert sel.kind == "default" and "single worker" in sel.reason
 
 
+@pytest.mark.fast
 def test_explicit_kinds_and_errors():
     assert select("mirrored", gpus=0).kind == "mirrored"
     assert select("default", gpus=2).kind == "default"

@@ -22,12 +22,14 @@ from mirrorkit.distribute.sync import checksums, compare
 TRAIN = str(REPO / "tests" / "fixtures" / "launch_train.py")
 
 
+@pytest.mark.fast
 def test_compare_names_the_workers_that_differ_from_the_chief():
     assert compare([[1, 2], [1, 2]]) == {"workers": 2, "identical": True,
                                          "differing_workers": []}
     assert compare([[1, 2], [1, 3], [1, 2]])["differing_workers"] == [1]
 
 
+@pytest.mark.fast
 def test_checksums_see_a_one_ulp_change():
     import numpy as np
 
@@ -37,6 +39,7 @@ def test_checksums_see_a_one_ulp_change():
     assert checksums([w]) == checksums([w.copy()]) and checksums([w]) != checksums([nudged])
 
 
+@pytest.mark.fast
 def test_single_process_reports_one_worker():
     import keras
 

@@ -40,6 +40,7 @@ def blame(original: int, rank: int | None = None, cause: str = "killed by SIGKIL
 
 # --- the rule, pure -----------------------------------------------------------
 
+@pytest.mark.fast
 def test_a_worker_failing_first_twice_in_a_row_is_lost_and_ranks_renumber():
     m = Membership(world=3, min_workers=2)
     first = m.decide(m.first_view(), blame(2))
@@ -52,6 +53,7 @@ def test_a_worker_failing_first_twice_in_a_row_is_lost_and_ranks_renumber():
     assert second.view.reason == second.line
 
 
+@pytest.mark.fast
 def test_different_workers_failing_in_turn_lose_nobody():
     m = Membership(world=3, min_workers=2)
     view = m.first_view()
@@ -60,6 +62,7 @@ def test_different_workers_failing_in_turn_lose_nobody():
     assert view.members == (0, 1, 2) and not m.lost
 
 
+@pytest.mark.fast
 def test_losing_the_chief_makes_the_next_worker_chief_and_names_both_ranks():
     m = Membership(world=3, min_workers=2)
     view = m.decide(m.first_view(), blame(0)).view
@@ -76,6 +79,7 @@ def test_losing_the_chief_makes_the_next_worker_chief_and_names_both_ranks():
         "rank 2, localhost:23412): killed by SIGKILL twice")
 
 
+@pytest.mark.fast
 def test_missing_hosts_are_lost_at_once_and_without_min_workers_nobody_is():
     m = Membership(world=4, min_workers=2)
     gone = [blame(2, cause="host c did not report within 5 s"),
@@ -117,6 +121,7 @@ def rendezvous():
                 client.close()
 
 
+@pytest.mark.fast
 def test_rendezvous_agrees_on_a_shrunk_view_when_a_host_vanishes(rendezvous):
     spec, clients, wakes = rendezvous
     base = int(spec.hosts[0].rsplit(":", 1)[1])
@@ -152,6 +157,7 @@ def test_rendezvous_agrees_on_a_shrunk_view_when_a_host_vanishes(rendezvous):
     assert mine.view.reason == "attempt 2 failed: worker 1 (x:1) exited with code 1"
 
 
+@pytest.mark.fast
 def test_losing_the_rendezvous_host_fails_the_others_naming_it(rendezvous):
     spec, clients, _ = rendezvous
     view = _all(lambda c: c.first_view(), clients)[0]

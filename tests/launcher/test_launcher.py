@@ -119,6 +119,7 @@ def wait_for(predicate, timeout: float, what: str) -> None:
 
 # --- the spec: pure checks -------------------------------------------------
 
+@pytest.mark.fast
 @pytest.mark.parametrize("kwargs, message", [
     ({"nproc": 0}, "`nproc` (-n) must be a positive integer"),
     ({"nproc": True}, "Received: nproc=True"),
@@ -139,6 +140,7 @@ def test_spec_rejects_bad_fields(kwargs, message):
     assert message in str(err.value)
 
 
+@pytest.mark.fast
 def test_spec_multi_node_addresses_and_ranks():
     spec = LaunchSpec(command=("x",), nproc=2, hosts=("n1", "n2:7000"), node_rank=1,
                       port=6000)
@@ -147,6 +149,7 @@ def test_spec_multi_node_addresses_and_ranks():
     assert LaunchSpec(command=("x",), nproc=2).fixed_ports() is None
 
 
+@pytest.mark.fast
 def test_visible_devices_are_disjoint_slices():
     assert [visible_devices(j, 2) for j in range(3)] == ["0,1", "2,3", "4,5"]
     assert visible_devices(1, 1, "4, 6") == "6"
@@ -154,6 +157,7 @@ def test_visible_devices_are_disjoint_slices():
         visible_devices(1, 2, "0,1,2")
 
 
+@pytest.mark.fast
 def test_progress_bar_redraws_collapse_to_the_final_bar():
     from mirrorkit.launcher import final_text as _final_text
 
@@ -162,6 +166,7 @@ def test_progress_bar_redraws_collapse_to_the_final_bar():
     assert _final_text("plain\r\n") == "plain" and _final_text("\n") == ""
 
 
+@pytest.mark.fast
 def test_result_summary_names_root_cause():
     from mirrorkit.launcher import WorkerFailure
 
@@ -177,6 +182,7 @@ def test_result_summary_names_root_cause():
 
 # --- the command: bad input is one line -----------------------------------
 
+@pytest.mark.fast
 @pytest.mark.parametrize("args, message", [
     (["-n", "0", "--", "python", "t.py"], "Error: `nproc` (-n) must be a positive integer"),
     (["--", "python", "t.py"], "Error: Missing -n/--nproc"),

@@ -342,6 +342,7 @@ def _code_lines(path: Path) -> list[str]:
     return text.splitlines()[docstring_end:]
 
 
+@pytest.mark.fast
 def test_minimal_change_script_has_exactly_two_mirrorkit_lines():
     code = [line for line in _code_lines(REPO / "apps" / "minimal_change.py") if "mirrorkit" in line]
     assert [line.split("# ")[-1] for line in code] == ["mirrorkit: line 1/2", "mirrorkit: line 2/2"]
@@ -353,6 +354,7 @@ def test_minimal_change_script_has_exactly_two_mirrorkit_lines():
 
 # --- user mistakes: one line, non-zero exit, no traceback ---------------------
 
+@pytest.mark.fast
 @pytest.mark.parametrize("args, expected", [
     (["surely_missing.py"], "Error: Script not found. Received: script='surely_missing.py'"),
     (["README.md"], "Error: The script must be a Python file ending in .py. Received: script='README.md'"),
@@ -366,6 +368,7 @@ def test_bad_script_is_one_clear_line(args, expected, monkeypatch):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("args, fragment", [
     (["--simulate-cpus", "0", "x.py"], "Invalid value for '--simulate-cpus'"),
     (["--strategy", "turbo", "x.py"], "Invalid value for '--strategy'"),

@@ -61,6 +61,7 @@ def test_a_resume_on_fewer_replicas_keeps_the_batch_as_asked(tmp_path, rule, per
     assert events[3]["reason"] == "worker 1 lost; continuing with 1 of 2 workers"
 
 
+@pytest.mark.fast
 def test_a_global_batch_that_does_not_divide_names_what_would():
     before = {"replicas": 3, "workers": 3, "per_replica_batch": 10, "accumulate": 1,
               "learning_rate": 0.01}

@@ -36,6 +36,7 @@ def straggling(tmp_path_factory):
     return out, proc
 
 
+@pytest.mark.exclusive
 def test_the_slow_worker_is_named_every_epoch_and_the_other_never(straggling):
     out, proc = straggling
     named = [line for line in proc.stdout.splitlines() if "straggler: " in line]
@@ -48,6 +49,7 @@ def test_the_slow_worker_is_named_every_epoch_and_the_other_never(straggling):
     assert all(e["ratio"] >= 1.5 and e["step_ms"] > e["others_median_ms"] for e in events)
 
 
+@pytest.mark.exclusive
 def test_each_worker_has_its_step_time_in_history_metrics_and_tensorboard(straggling):
     out, _ = straggling
     with open(out / "history.csv") as f:
@@ -66,6 +68,7 @@ def test_each_worker_has_its_step_time_in_history_metrics_and_tensorboard(stragg
     assert {"epoch_worker0_step_ms", "epoch_worker1_step_ms"} <= tags, tags
 
 
+@pytest.mark.exclusive
 def test_the_event_log_tells_the_run_from_start_to_end(straggling):
     out, _ = straggling
     events = read_events(out / "events.jsonl")
@@ -81,6 +84,7 @@ def test_the_event_log_tells_the_run_from_start_to_end(straggling):
     assert events[-1]["status"] == "finished" and events[-1]["val_accuracy"] > 0.8
 
 
+@pytest.mark.fast
 def test_a_cut_last_line_is_skipped_and_the_rest_read(tmp_path):
     log = EventLog(tmp_path / "events.jsonl")
     log.write("run_start", config={"epochs": 1})
@@ -92,6 +96,7 @@ def test_a_cut_last_line_is_skipped_and_the_rest_read(tmp_path):
     assert events[1]["metrics"]["loss"] == "nan"  # valid JSON, not a bare NaN
 
 
+@pytest.mark.fast
 def test_stragglers_are_judged_against_the_others():
     from mirrorkit.training.monitoring import find_stragglers
 
@@ -101,6 +106,7 @@ def test_stragglers_are_judged_against_the_others():
     assert find_stragglers([5.0]) == []
 
 
+@pytest.mark.exclusive
 def test_the_launcher_summary_shows_each_workers_throughput(straggling):
     _, proc = straggling
     err = proc.stderr.splitlines()

@@ -91,6 +91,7 @@ def test_two_workers_take_the_same_decision_at_the_same_step(tmp_path):
                "step 3" in line for line in proc.stderr.splitlines()), proc.stderr[-3000:]
 
 
+@pytest.mark.fast
 def test_a_divergence_that_keeps_coming_back_stops_after_the_last_rollback(tmp_path):
     import keras
     import numpy as np
@@ -121,6 +122,7 @@ def test_a_divergence_that_keeps_coming_back_stops_after_the_last_rollback(tmp_p
     assert not (out / "metrics.json").exists()
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("flag, value, fragment", [
     ("--max-rollbacks", "-1", "`max_rollbacks` must be an integer >= 0. Received: max_rollbacks=-1"),
     ("--rollback-lr-factor", "-0.5", "`rollback_lr_factor` must be above 0 and at most 1. "

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 from conftest import clean_env
 
@@ -29,6 +30,7 @@ def _run(path, accuracy, rates, **extra):
     return path
 
 
+@pytest.mark.fast
 def test_two_runs_are_summarised_and_overlaid_in_one_png(tmp_path):
     a = _run(tmp_path / "a", 0.93, [800.0, 900.0, 1000.0],
              targets=[{"target": "val_accuracy>=0.95", "value": 0.93, "met": False}])
@@ -59,6 +61,7 @@ def test_report_never_imports_tensorflow(tmp_path):
     assert (run / "report.png").exists()
 
 
+@pytest.mark.fast
 def test_a_folder_that_is_not_a_run_is_one_line_and_nothing_is_written(tmp_path):
     good = _run(tmp_path / "good", 0.9, [1.0, 2.0, 3.0])
     result = CliRunner().invoke(cli, ["report", str(good), str(tmp_path / "nope")])
@@ -69,6 +72,7 @@ def test_a_folder_that_is_not_a_run_is_one_line_and_nothing_is_written(tmp_path)
     assert not (good / "report.png").exists()
 
 
+@pytest.mark.fast
 def test_incidents_restarts_and_each_workers_speed_are_reported(tmp_path):
     from mirrorkit.training.events import EventLog
 

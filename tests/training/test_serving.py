@@ -68,6 +68,7 @@ def test_a_model_trained_on_two_replicas_serves_from_a_fresh_tensorflow(tmp_path
         assert small <= 1e-5 and large <= 1e-5, (path, small, large)
 
 
+@pytest.mark.fast
 def test_export_model_refuses_what_is_not_a_run_and_overwrites_nothing(tmp_path):
     from click.testing import CliRunner
 

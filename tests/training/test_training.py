@@ -39,6 +39,7 @@ def finished(tmp_path_factory):
     return result, lines, out
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("kwargs, received", [
     ({"epochs": 0}, "epochs=0"),
     ({"per_replica_batch": 0}, "per_replica_batch=0"),
@@ -60,6 +61,7 @@ def test_bad_config_is_a_value_error_naming_the_value(kwargs, received):
         TrainConfig(**kwargs)
 
 
+@pytest.mark.fast
 def test_automatic_steps_per_execution_divides_the_epoch():
     from mirrorkit.training import auto_steps_per_execution
 
@@ -68,6 +70,7 @@ def test_automatic_steps_per_execution_divides_the_epoch():
     assert auto_steps_per_execution(64, cap=4) == 4
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("val_examples, replicas, spe, want", [
     (359, 1, 1, (32, 11)),      # the natural plan: global batch, whole batches
     (359, 1, 11, (32, 11)),     # 11 steps are already one call of 11
@@ -90,6 +93,7 @@ def test_validation_plan_runs_whole_calls_of_whole_batches(val_examples, replica
     assert steps % spe == 0 and val_batch.global_batch * steps <= val_examples
 
 
+@pytest.mark.fast
 def test_run_reports_and_writes_everything(finished):
     result, lines, out = finished
     text = "\n".join(lines)
@@ -122,6 +126,7 @@ def test_run_reports_and_writes_everything(finished):
     assert not (out / "backup").exists()  # removed once training finished
 
 
+@pytest.mark.fast
 def test_model_keras_reloads_and_scores_the_reported_accuracy(finished):
     import keras
 
@@ -135,6 +140,7 @@ def test_model_keras_reloads_and_scores_the_reported_accuracy(finished):
     assert scores["loss"] == pytest.approx(result.val_loss, rel=1e-5)
 
 
+@pytest.mark.fast
 def test_an_existing_run_is_refused_and_left_untouched(finished):
     _, _, out = finished
     before = {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in out.iterdir()}
@@ -145,6 +151,7 @@ def test_an_existing_run_is_refused_and_left_untouched(finished):
     assert {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in out.iterdir()} == before
 
 
+@pytest.mark.fast
 def test_output_that_cannot_be_a_directory(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("keep me")
@@ -155,11 +162,13 @@ def test_output_that_cannot_be_a_directory(tmp_path):
     assert blocker.read_text() == "keep me"
 
 
+@pytest.mark.fast
 def test_resume_without_a_backup(tmp_path):
     with pytest.raises(FileNotFoundError, match="Nothing to resume: no backup in"):
         train(TrainConfig(epochs=1, output=str(tmp_path / "never-ran"), resume=True))
 
 
+@pytest.mark.fast
 def test_too_few_examples_for_one_global_batch(tmp_path):
     with pytest.raises(ValueError, match="fewer than one effective batch"):
         train(TrainConfig(dataset="synthetic", data=DataOptions(examples=20, image_size=8),
@@ -183,6 +192,7 @@ def _poison_at(epoch: int, step: int):
     return Poison()
 
 
+@pytest.mark.fast
 def test_nan_loss_stops_at_the_step_keeps_the_good_backup_and_resume_continues(tmp_path):
     from mirrorkit.training.models import build_model
 
@@ -216,6 +226,7 @@ def test_nan_loss_stops_at_the_step_keeps_the_good_backup_and_resume_continues(t
     assert (out / "model.keras").exists() and not (out / "backup").exists()
 
 
+@pytest.mark.fast
 def test_an_interrupt_after_the_last_epoch_keeps_the_backup_until_the_model_is_saved(tmp_path):
     # Ctrl-C lands after fit's last epoch, before the final evaluation and
     # save: the epoch backup must still be there to resume from.
@@ -232,6 +243,7 @@ def test_an_interrupt_after_the_last_epoch_keeps_the_backup_until_the_model_is_s
     assert not (out / "model.keras").exists()
 
 
+@pytest.mark.fast
 def test_a_relaunched_group_resumes_without_being_told(tmp_path):
     # `mirrorkit launch` restarts the same command line (no --resume) with
     # MIRRORKIT_RESTART_COUNT >= 1 and one MIRRORKIT_RUN_ID for the whole job.
@@ -250,6 +262,7 @@ def test_a_relaunched_group_resumes_without_being_told(tmp_path):
     assert result.epochs_run == 2 and result.metrics["initial_epoch"] == 1
 
 
+@pytest.mark.fast
 def test_a_relaunch_before_any_backup_starts_over_in_the_same_folder(tmp_path):
     from mirrorkit import _env
 
