@@ -111,12 +111,13 @@ def test_info_names_every_compat_fix_and_rejects_an_unknown_one(run_python):
     proc = run_python("""
         from click.testing import CliRunner
         from mirrorkit.cli import cli
-        from mirrorkit import compat
+        from mirrorkit.patching import PATCHES
         ok = CliRunner().invoke(cli, ["info"], env={"MIRRORKIT_COMPAT_DISABLE": "multi-step"})
         bad = CliRunner().invoke(cli, ["info"], env={"MIRRORKIT_COMPAT_DISABLE": "nope"})
-        fixes = [line for line in ok.output.splitlines() if line.startswith("fix ")]
-        print(ok.exit_code, len(fixes) == len(compat.FIXES),
-              any("multi-step" in f and "disabled" in f for f in fixes))
+        rows = [line.split() for line in ok.output.splitlines()
+                if line.startswith(("  fix ", "  adaptation "))]
+        print(ok.exit_code, [r[1] for r in rows] == list(PATCHES),
+              any(r[1] == "multi-step" and r[2] == "disabled" for r in rows))
         print(bad.exit_code, bad.output.strip().splitlines()[-1])
     """)
     first, second = proc.stdout.strip().splitlines()[-2:]
