@@ -7,6 +7,7 @@ import logging
 import click
 
 from mirrorkit.commands._common import user_errors
+from mirrorkit.protocol import ELASTIC_BATCH_CHOICES
 
 
 class _LauncherLog(logging.Handler):
@@ -52,7 +53,7 @@ class _LauncherLog(logging.Handler):
               "hosts) remain. Below M the job fails naming the lost workers. A lost worker "
               "does not rejoin: membership only shrinks within one job. Needs "
               "--max-restarts >= 1 (2 to survive a worker lost on one machine).")
-@click.option("--elastic-batch", type=click.Choice(["global", "per-replica"]), default=None,
+@click.option("--elastic-batch", type=click.Choice(ELASTIC_BATCH_CHOICES), default=None,
               help="With --min-workers: what the workers keep when their number changes, "
               "passed as MIRRORKIT_ELASTIC_BATCH: the global batch (default) or the "
               "per-replica batch.")

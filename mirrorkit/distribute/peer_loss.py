@@ -31,12 +31,12 @@ Example:
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 import time
 from typing import Mapping
 
+from mirrorkit import _env
 from mirrorkit.patching import engine
 from mirrorkit.protocol import LOST_PEER_MARKER, format_lost_peer
 
@@ -72,7 +72,7 @@ def seconds_without_progress() -> float | None:
 def _tf_config() -> tuple[dict[str, list[str]], tuple[str, int] | None]:
     """This process's TF_CONFIG cluster and its own task."""
     try:
-        config = json.loads(os.environ.get("TF_CONFIG", "{}"))
+        config = json.loads(_env.tf_config_text() or "{}")
         task = config.get("task") or {}
         me = (str(task["type"]), int(task["index"])) if "type" in task else None
         return dict(config.get("cluster", {})), me

@@ -15,6 +15,7 @@ from typing import Any
 from mirrorkit import _env
 from mirrorkit._version import __version__
 from mirrorkit.compat import known_issues as upstream
+from mirrorkit.protocol import NETWORK_ISOLATED
 
 
 def versions() -> dict[str, str | None]:
@@ -111,7 +112,7 @@ def listening_note(tf_config: dict[str, Any]) -> str:
     task = tf_config["task"]
     address = tf_config["cluster"][task["type"]][task["index"]]
     host, _, port = address.rpartition(":")
-    if _env.get(_env.NETWORK) == "isolated":
+    if _env.get(_env.NETWORK) == NETWORK_ISOLATED:
         return (f"port {port} on the loopback of mirrorkit launch's private network namespace: "
                 "not reachable from the network")
     return (f"every interface (0.0.0.0) of {host}, port {port}: TensorFlow's traffic is "

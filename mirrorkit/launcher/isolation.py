@@ -35,6 +35,7 @@ from typing import Mapping
 
 from mirrorkit import _env
 from mirrorkit.launcher.egress import EgressProxy
+from mirrorkit.protocol import NETWORK_ISOLATED
 
 _LOOPBACK = ("localhost", "127.0.0.1", "::1")
 # setns/unshare flags (linux/sched.h).
@@ -116,7 +117,7 @@ class NetworkIsolation:
         exempt += [h for h in _LOOPBACK if h not in exempt]
         # gRPC (TensorFlow's peers) honours these too: loopback must stay direct.
         values = {"HTTPS_PROXY": proxy, "HTTP_PROXY": proxy, "NO_PROXY": ",".join(exempt)}
-        return {**values, **{k.lower(): v for k, v in values.items()}, _env.NETWORK: "isolated"}
+        return {**values, **{k.lower(): v for k, v in values.items()}, _env.NETWORK: NETWORK_ISOLATED}
 
     def enter(self) -> None:
         """Move the calling (just forked, single-threaded) process into the namespace."""

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO, Callable
 
 from mirrorkit.launcher.state import WorkerFailure, WorkerState
-from mirrorkit.training.targets import MISSED_EXIT_CODE, MISSED_PREFIX
+from mirrorkit.protocol import ExitCode, parse_target_missed
 
 # Lines of a failed worker's output kept for the root-cause summary.
 TAIL_LINES = 10
@@ -165,7 +165,7 @@ class WorkerProcess:
         if self.exited.is_set() and self.state is WorkerState.HEALTHY:
             if self.proc.returncode == 0:
                 self.state = WorkerState.SUCCEEDED
-            elif self.proc.returncode == MISSED_EXIT_CODE and self._reported_missed_targets():
+            elif self.proc.returncode == ExitCode.TARGET_MISSED and self._reported_missed_targets():
                 # `mirrorkit train --target`: the run finished; a restart would not help.
                 self.state = WorkerState.SUCCEEDED
                 self.targets_missed = True
@@ -178,7 +178,7 @@ class WorkerProcess:
     def _reported_missed_targets(self) -> bool:
         for thread in self._readers:
             thread.join(_DRAIN_TIMEOUT)   # its last lines are the report
-        return any(line.startswith(MISSED_PREFIX) for line in self.tail)
+        return any(parse_target_missed(line) is not None for line in self.tail)
 
     def drain(self) -> None:
         """Wait briefly for the last output lines, then close the log file."""

@@ -11,11 +11,12 @@ import dataclasses
 from typing import Any, Mapping, Sequence
 
 from mirrorkit.distribute.cluster import build_tf_config, parse_address
+from mirrorkit.protocol import ELASTIC_BATCH_CHOICES
 
 # Host of every worker when all run on this machine.
 LOCAL_HOST = "localhost"
 # How an elastic job keeps its batch when the worker count changes (MIRRORKIT_ELASTIC_BATCH).
-ELASTIC_BATCH_RULES = ("global", "per-replica")
+ELASTIC_BATCH_RULES = ELASTIC_BATCH_CHOICES
 
 
 def _is_int(value: Any) -> bool:

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 from mirrorkit import _env
 from mirrorkit.errors import RunError
+from mirrorkit.protocol import status_file_name
 from mirrorkit.training.events import EVENTS_FILE, EventLog
 from mirrorkit.training.output import has_backup, make_output
 
@@ -96,7 +97,7 @@ def _callbacks(run: Any, plan: Any, events: EventLog,
     monitor = WorkerMonitor(
         run.strategy, workers=run.runtime.workers, global_batch=plan.batch.global_batch,
         per_replica_batch=plan.batch.per_replica, report=run.tell, events=events,
-        status_path=Path(status) / f"worker-{run.runtime.task_index}.json" if status else None)
+        status_path=Path(status) / status_file_name(run.runtime.task_index) if status else None)
     rollback = Rollback(config.max_rollbacks, config.rollback_lr_factor, reset_lr=reset_lr)
     # Order matters at epoch end: the progress bar prints first, the meter and
     # monitor then add to the logs the CSV and TensorBoard writers record.
