@@ -62,15 +62,42 @@ class InternalError(click.ClickException):
     def __init__(self, error: BaseException) -> None:
         first = next((ln.strip() for ln in str(error).splitlines() if ln.strip()), "")
         what = f"{type(error).__name__}: {first}" if first else type(error).__name__
-        super().__init__(
-            f"{what}. This is a bug in mirrorkit {__version__}: please report it "
-            "with the traceback above and the output of `mirrorkit info --json`.")
+        origin = _raised_in(error)
+        if origin == "mirrorkit":
+            advice = (f"This is a bug in mirrorkit {__version__}: please report it with the "
+                      "traceback above and the output of `mirrorkit info --json`.")
+        else:
+            # TensorFlow's own runtime errors (a corrupt image, out of memory)
+            # are often the data's or the machine's, not a defect of ours.
+            advice = (f"Raised inside {origin} while mirrorkit {__version__} ran it: if your "
+                      "data and machine look fine, please report it as a mirrorkit bug with "
+                      "the traceback above and the output of `mirrorkit info --json`.")
+        super().__init__(f"{what}. {advice}")
         self.error = error
 
     def show(self, file: IO[Any] | None = None) -> None:
         click.echo("".join(traceback.format_exception(
             type(self.error), self.error, self.error.__traceback__)), file=file, err=True, nl=False)
         super().show(file)
+
+
+def _raised_in(error: BaseException) -> str:
+    """``"mirrorkit"``, or the installed package whose code raised ``error`` (innermost frame)."""
+    import os
+    import sysconfig
+
+    tb, frame = error.__traceback__, None
+    while tb is not None:
+        frame, tb = tb.tb_frame, tb.tb_next
+    if frame is None:
+        return "mirrorkit"
+    path = os.path.abspath(frame.f_code.co_filename)
+    installed = {os.path.abspath(sysconfig.get_paths()[key]) for key in ("purelib", "platlib",
+                                                                            "stdlib")}
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if path.startswith(here + os.sep) or not any(path.startswith(p + os.sep) for p in installed):
+        return "mirrorkit"
+    return str(frame.f_globals.get("__name__", "")).split(".")[0] or "a library"
 
 
 @contextlib.contextmanager

@@ -142,3 +142,16 @@ def test_a_lost_peer_is_not_reported_as_a_bug():
     with pytest.raises(tf.errors.UnavailableError):
         with bug_reports():
             raise lost
+
+
+def test_an_error_raised_inside_an_installed_library_names_it_instead_of_blaming_mirrorkit():
+    import json
+
+    from mirrorkit.commands._common import InternalError
+
+    try:
+        json.loads("{")   # stands for TensorFlow failing on a corrupt image
+    except ValueError as err:
+        message = InternalError(err).message
+    assert "Raised inside json while mirrorkit" in message
+    assert "This is a bug in mirrorkit" not in message
