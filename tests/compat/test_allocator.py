@@ -70,7 +70,8 @@ def test_disabled_names_are_accepted_and_checked():
 # (sitecustomize's import hook), before the program creates its own strategy.
 DEFERRED = """
 import json, os
-from mirrorkit.compat import allocator, autofix
+from mirrorkit.compat import allocator
+from mirrorkit.launcher import autofix
 autofix.install()
 import keras, numpy as np, tensorflow as tf
 waiting = allocator.state()
