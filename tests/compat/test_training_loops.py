@@ -65,6 +65,7 @@ def _max_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
 
 # --- class 2: custom training loop with strategy.run ---------------------------
 
+@pytest.mark.slow
 def test_tutorial_custom_training_loop_matches_one_device(tmp_path):
     script = SCRIPTS / "tf_custom_training_tutorial.py"
     _ok(_run([PY, script], tmp_path / "one"))
@@ -87,6 +88,7 @@ def test_tutorial_custom_training_loop_matches_one_device(tmp_path):
 
 # --- class 5: keras.io GAN (no call(), custom train_step) -----------------------
 
+@pytest.mark.slow
 def test_keras_io_gan_trains_under_run_and_launch(tmp_path):
     script = SCRIPTS / "keras_io_gan.py"
     _ok(_run([PY, script], tmp_path / "plain"))
@@ -114,6 +116,7 @@ def test_keras_io_gan_trains_under_run_and_launch(tmp_path):
 
 # --- class 7: hand-written steps outside strategy.run ---------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fit_first", [False, True], ids=["loop", "fit-then-loop"])
 def test_loop_from_scratch_under_run_matches_plain_python(tmp_path, fit_first):
     script = SCRIPTS / "keras_io_loop_from_scratch.py"
@@ -137,6 +140,7 @@ def test_loop_from_scratch_under_run_matches_plain_python(tmp_path, fit_first):
                              _weights(tmp_path / "launch" / name)) < 1e-5
 
 
+@pytest.mark.slow
 def test_mixed_precision_loop_with_loss_scale_optimizer_matches_plain_python(tmp_path):
     script = SCRIPTS / "mixed_precision_loop.py"
     _ok(_run([PY, script], tmp_path / "plain"))

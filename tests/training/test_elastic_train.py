@@ -23,6 +23,7 @@ from mirrorkit.training.events import read_events
 SCRIPT = REPO / "tests" / "fixtures" / "lost_worker_train.py"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lost", [2, 0], ids=["worker", "chief"])
 def test_train_loses_a_worker_for_good_and_finishes_on_two(tmp_path, lost):
     out = tmp_path / "run"
