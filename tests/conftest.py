@@ -173,6 +173,18 @@ class _SessionLock:
         self._gate = open(folder / "gate.lock", "a+")
         self._main = open(folder / "main.lock", "a+")
 
+    held_exclusively = False
+
+    def acquire_exclusive(self) -> None:
+        fcntl.flock(self._gate, fcntl.LOCK_EX)
+        fcntl.flock(self._main, fcntl.LOCK_EX)
+        self.held_exclusively = True
+
+    def release_exclusive(self) -> None:
+        self.held_exclusively = False
+        fcntl.flock(self._main, fcntl.LOCK_UN)
+        fcntl.flock(self._gate, fcntl.LOCK_UN)
+
     @contextlib.contextmanager
     def hold(self, exclusive: bool):
         if exclusive:
@@ -243,6 +255,7 @@ FAST_FILES = {
     "tests/data/test_datasets.py",
     "tests/distribute/test_cluster.py",
     "tests/distribute/test_k8s_manifest.py",
+    "tests/patching/test_engine.py",
     "tests/patching/test_outside_engine.py",
     "tests/test_readme.py",
     "tests/test_tiers.py",
@@ -272,15 +285,20 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if worker_input is None or "mirrorkit_lock_dir" not in worker_input:
         return
     groups, weights = {}, {}
+    durations = REPO / "tests" / "durations.json"
+    measured = json.loads(durations.read_text()) if durations.is_file() else {}
     for item in session.items:
         names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
                         for m in item.iter_markers("xdist_group")})
         if names:
             groups[item.nodeid] = "_".join(names)
-        # A rough cost, so the longest work starts first: slow runs take ~a minute,
-        # fast ones ~a second, the rest (mostly one fresh interpreter) ~10 s.
-        weights[item.nodeid] = (60 if item.get_closest_marker("slow") else
-                                1 if item.get_closest_marker("fast") else 10)
+        # Its cost, so the longest work starts first: measured seconds
+        # (tests/durations.json, tools/test_durations.py), else a guess from
+        # its markers: a slow run ~20 s, a fast test well under a second, the
+        # rest (mostly one fresh interpreter) ~4 s.
+        weights[item.nodeid] = measured.get(item.nodeid) or (
+            20 if item.get_closest_marker("slow") else
+            0.1 if item.get_closest_marker("fast") else 4)
     folder = Path(worker_input["mirrorkit_lock_dir"])
     part = folder / f"groups-{worker_input['workerid']}.json.part"
     part.write_text(json.dumps({"groups": groups, "weights": weights}))
@@ -318,7 +336,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             if not self._ordered:   # the heaviest work units first
                 weights = self._collected().get("weights", {})
                 units = sorted(self.workqueue.items(),
-                               key=lambda unit: -sum(weights.get(n, 10) for n in unit[1]))
+                               key=lambda unit: -sum(weights.get(n, 4) for n in unit[1]))
                 self.workqueue.clear()
                 self.workqueue.update(units)
                 self._ordered = True
@@ -327,10 +345,25 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return FileGroupScheduling(config, log)
 
 
+def _exclusive(item: pytest.Item | None) -> bool:
+    return item is not None and item.get_closest_marker("exclusive") is not None
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem):
     lock = item.config.stash.get(_LOCK, None)
     if lock is None:
         return (yield)
-    with lock.hold(exclusive=item.get_closest_marker("exclusive") is not None):
+    if not _exclusive(item):
+        with lock.hold(exclusive=False):
+            return (yield)
+    # Consecutive exclusive tests on this worker (a module's group) keep the
+    # lock between them: released in between, the other workers would start
+    # new tests and the next exclusive one would wait for all of them again.
+    if not lock.held_exclusively:
+        lock.acquire_exclusive()
+    try:
         return (yield)
+    finally:
+        if not _exclusive(nextitem):
+            lock.release_exclusive()
