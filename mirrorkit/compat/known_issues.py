@@ -197,6 +197,16 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         TESTED_KERAS,
     ),
     KnownIssue(
+        "keras-scalar-loss-scaling", "keras", "3.0", None,
+        "under N replicas a loss function or Loss.call that returns one value for the batch "
+        "(ops.mean(...) of the errors) is not divided by N like a per-example loss: evaluate "
+        "reports N times the one-device loss and every step moves the weights N times as far "
+        "(tensorflow#35093, keras#16285 report the family).",
+        "compat fix 'scalar-losses' scales such a value like a per-example loss's mean, so "
+        "fit, evaluate and the *_on_batch methods give the one-device loss and update.",
+        TESTED_KERAS,
+    ),
+    KnownIssue(
         "keras#20582", "keras", "3.0", None,
         "optimizer gradient_accumulation_steps fails under any tf.distribute strategy "
         "('`merge_call` called while defining a new graph': a sync inside a cond).",

@@ -43,6 +43,7 @@ from mirrorkit.compat import (
     no_call_build,
     on_batch,
     probes,
+    scalar_losses,
     scalar_logs,
     step_variables,
     symbolic_build,
@@ -116,6 +117,8 @@ FIXES: dict[str, Fix] = {fix.name: fix for fix in (
         accumulation.make),
     Fix("layer-losses", "add_loss of a layer's Loss trains at 1/N",
         ("keras.src.losses.loss", "reduce_values", None), layer_losses.make),
+    Fix("scalar-losses", "a loss returning a scalar trains at N times",
+        ("keras.src.losses.loss", "reduce_weighted_values", None), scalar_losses.make),
 )}
 
 # Per process: each fix's decision (probes run once) and the fixes whose

@@ -110,6 +110,12 @@ _FIXES = (
          "keras-layer-loss-scaling: a keras.losses.Loss called inside a layer and passed to "
          "add_loss is divided by the replica count twice, so it trains at 1/N of its "
          "strength.", "tests/compat/test_layer_losses.py"),
+    _fix("scalar-losses", (f"{_LOSS}.reduce_weighted_values",),
+         "a loss that returns one value for the batch is divided by the replicas like a "
+         "per-example loss's mean",
+         "keras-scalar-loss-scaling: a loss function or Loss.call returning a scalar is not "
+         "divided by N under N replicas, so evaluate reports N times the loss and every step "
+         "moves the weights N times as far.", "tests/compat/test_scalar_losses.py"),
     _fix("malloc-thresholds",
          ("glibc mallopt(M_MMAP_THRESHOLD, M_TRIM_THRESHOLD)",
           "tensorflow.python.distribute.distribute_lib.StrategyBase."

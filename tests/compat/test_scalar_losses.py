@@ -1,0 +1,63 @@
+"""``scalar-losses``: a loss that reduces itself gives the one-device loss and update.
+
+A loss function or ``Loss.call`` returning one value for the batch (a mean, a
+sum divided by the batch size) must log and train as it does on one device,
+under ``fit``, ``evaluate``, ``train_on_batch`` and ``test_on_batch``, at 2, 3
+and 4 replicas; with the fix off by name, upstream reports N times the loss
+and moves the weights N times as far. Each replica count runs in a fresh
+process (collectives of differently sized strategies cannot share one).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, clean_env, result_line
+
+SCRIPT = REPO / "tests" / "fixtures" / "scalar_loss_replicas.py"
+
+SCALAR = ("mean_fn", "sum_fn", "subclass")
+KEYS = ("evaluate", "fit_loss", "test_on_batch", "train_on_batch")
+
+
+def _runs(tmp_path, n: int, **env: str) -> tuple[str, dict]:
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(n)], cwd=str(tmp_path),
+                          env=clean_env(**env), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    result = result_line(proc.stdout)
+    return result["applied"], result["runs"]
+
+
+def _close(a: dict, b: dict, tol: float) -> bool:
+    return all(abs(a[k] - b[k]) <= tol * max(1.0, abs(b[k])) for k in KEYS) and all(
+        abs(x - y) <= tol for key in ("kernel", "kernel2") for x, y in zip(a[key], b[key]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_a_loss_returning_a_scalar_trains_like_a_per_example_loss(tmp_path, n):
+    applied, runs = _runs(tmp_path, n)
+    assert applied == "applied"
+    for loss in SCALAR:
+        # Exactly what Keras gives its own per-example loss at N replicas ...
+        assert _close(runs[f"{loss}-{n}"], runs[f"mse-{n}"], 1e-5), (loss, runs)
+        # ... and on one device (64 examples: 32/32 and 16 x 4 split evenly;
+        # on 3 replicas (22/21/21) Keras averages the replicas' means, which
+        # moves every loss's update, "mse" included, by ~1e-3).
+        assert _close(runs[f"{loss}-{n}"], runs[f"{loss}-1"], 1e-5 if 64 % n == 0 else 5e-3)
+        assert runs[f"{loss}-{n}"]["evaluate"] == pytest.approx(runs[f"{loss}-1"]["evaluate"],
+                                                                rel=1e-5)
+
+
+@pytest.mark.slow
+def test_without_the_fix_upstream_reports_and_trains_at_n_times(tmp_path):
+    applied, runs = _runs(tmp_path, 2, MIRRORKIT_COMPAT_DISABLE="scalar-losses")
+    assert applied == "disabled"
+    one, two, mse = runs["mean_fn-1"], runs["mean_fn-2"], runs["mse-2"]
+    assert _close(mse, runs["mse-1"], 1e-5)          # a per-example loss is exact upstream
+    assert two["evaluate"] == pytest.approx(2 * one["evaluate"], rel=1e-5)
+    # One SGD step from the same start moves the kernel twice as far: the
+    # weights after fit differ from one device's, where mse's do not.
+    assert not _close(two, one, 1e-3)
