@@ -10,6 +10,7 @@ process (collectives of differently sized strategies cannot share one).
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -61,3 +62,28 @@ def test_without_the_fix_upstream_reports_and_trains_at_n_times(tmp_path):
     # One SGD step from the same start moves the kernel twice as far: the
     # weights after fit differ from one device's, where mse's do not.
     assert not _close(two, one, 1e-3)
+
+
+CONTRASTIVE = REPO / "tests" / "fixtures" / "scripts" / "contrastive_loss.py"
+
+
+def _contrastive(command: list[str], tmp_path) -> list[dict]:
+    proc = subprocess.run(command, cwd=str(tmp_path), env=clean_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return [json.loads(line.split("CONTRASTIVE ", 1)[1]) for line in proc.stdout.splitlines()
+            if "CONTRASTIVE " in line]
+
+
+@pytest.mark.slow
+def test_an_unmodified_script_on_two_launched_workers_matches_plain_python(tmp_path):
+    # keras.io's contrastive loss (ops.mean inside the loss function), SGD:
+    # the same losses and weights as `python script.py`, on each worker.
+    (plain,) = _contrastive([sys.executable, str(CONTRASTIVE)], tmp_path)
+    workers = _contrastive([sys.executable, "-m", "mirrorkit", "launch", "-n", "2", "--",
+                            "mirrorkit", "run", str(CONTRASTIVE)], tmp_path)
+    assert len(workers) == 2
+    for worker in workers:
+        assert worker["loss"] == pytest.approx(plain["loss"], abs=1e-5)
+        assert worker["evaluate"] == pytest.approx(plain["evaluate"], abs=1e-5)
+        assert worker["weights"] == pytest.approx(plain["weights"], abs=1e-4)
