@@ -284,7 +284,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     worker_input = getattr(session.config, "workerinput", None)
     if worker_input is None or "mirrorkit_lock_dir" not in worker_input:
         return
-    groups, weights = {}, {}
+    groups, weights, exclusive = {}, {}, []
     durations = REPO / "tests" / "durations.json"
     measured = json.loads(durations.read_text()) if durations.is_file() else {}
     for item in session.items:
@@ -292,6 +292,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                         for m in item.iter_markers("xdist_group")})
         if names:
             groups[item.nodeid] = "_".join(names)
+        if item.get_closest_marker("exclusive") is not None:
+            exclusive.append(item.nodeid)
         # Its cost, so the longest work starts first: measured seconds
         # (tests/durations.json, tools/test_durations.py), else a guess from
         # its markers: a slow run ~20 s, a fast test well under a second, the
@@ -301,7 +303,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             0.1 if item.get_closest_marker("fast") else 4)
     folder = Path(worker_input["mirrorkit_lock_dir"])
     part = folder / f"groups-{worker_input['workerid']}.json.part"
-    part.write_text(json.dumps({"groups": groups, "weights": weights}))
+    part.write_text(json.dumps({"groups": groups, "weights": weights, "exclusive": exclusive}))
     part.rename(folder / f"groups-{worker_input['workerid']}.json")
 
 
@@ -333,10 +335,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             return group if group is not None else super()._split_scope(nodeid)
 
         def _assign_work_unit(self, node) -> None:
-            if not self._ordered:   # the heaviest work units first
+            if not self._ordered:
+                # The heaviest work units first; units of exclusive tests only
+                # last: started early, each would wait for the longest running
+                # tests to drain the pool, at the end only for the short ones.
                 weights = self._collected().get("weights", {})
-                units = sorted(self.workqueue.items(),
-                               key=lambda unit: -sum(weights.get(n, 4) for n in unit[1]))
+                exclusive = set(self._collected().get("exclusive", []))
+                units = sorted(self.workqueue.items(), key=lambda unit: (
+                    all(n in exclusive for n in unit[1]),
+                    -sum(weights.get(n, 4) for n in unit[1])))
                 self.workqueue.clear()
                 self.workqueue.update(units)
                 self._ordered = True
