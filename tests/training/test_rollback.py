@@ -38,7 +38,9 @@ def _check_recovered(out, result, cause):
     assert incident["restored_epoch"] == 1 and incident["lr_factor"] == 0.5
     assert result["val_accuracy"] > 0.9 and result["epochs_run"] == 3
     assert _epochs_in_history(out) == ["0", "1", "2"]  # every epoch once
-    events = read_events(out / "events.jsonl")
+    # A straggler event says a worker was slow in an epoch (a loaded machine
+    # under the parallel suite); it is timing, not part of the rollback.
+    events = [e for e in read_events(out / "events.jsonl") if e["event"] != "straggler"]
     kinds = [e["event"] for e in events]
     assert kinds == ["run_start", "epoch_end", "rollback", "epoch_end", "epoch_end", "run_end"]
     assert events[2]["cause"] == cause and events[-1]["rollbacks"] == 1
