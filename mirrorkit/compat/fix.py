@@ -131,13 +131,18 @@ class Fix:
         return owner
 
     def _original(self, target: tuple[str, str, str | None] | None = None) -> Any:
+        """What this fix wraps at ``target``: the value there now.
+
+        That may be another fix's wrapper (two fixes of one function stack in
+        registry order, each calling the one below), never this fix's own:
+        :meth:`apply` returns early when this fix is anywhere in the chain.
+        """
         target = target or self.target
         # Class attributes are read from the class __dict__ so a property
         # (Variable.handle) is the property object itself.
         owner = self._owner(target)
-        current = vars(owner).get(target[1], getattr(owner, target[1])) \
+        return vars(owner).get(target[1], getattr(owner, target[1])) \
             if isinstance(owner, type) else getattr(owner, target[1])
-        return engine.original(current)
 
     def issue(self) -> known_issues.KnownIssue:
         """The known-issue entry of this fix (its tested version range).
@@ -191,7 +196,7 @@ class Fix:
             current = self._current(self.target)
         except FixUnavailable:
             return False
-        return engine.patched_by(current) == self.name
+        return any(engine.patched_by(layer) == self.name for layer in engine.chain(current))
 
     def apply(self) -> None:
         """Patch the target (idempotent).

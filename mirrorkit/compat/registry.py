@@ -15,7 +15,8 @@ module each: :mod:`~mirrorkit.compat.symbolic_build`,
 :mod:`~mirrorkit.compat.cross_replica_step`,
 :mod:`~mirrorkit.compat.empty_conv`, :mod:`~mirrorkit.compat.on_batch`,
 :mod:`~mirrorkit.compat.generator_copies`, :mod:`~mirrorkit.compat.accumulation`,
-:mod:`~mirrorkit.compat.layer_losses`. One more is a process setting, not a Keras
+:mod:`~mirrorkit.compat.layer_losses`, :mod:`~mirrorkit.compat.scalar_losses`,
+:mod:`~mirrorkit.compat.symbolic_names`. One more is a process setting, not a Keras
 patch (:mod:`~mirrorkit.compat.allocator`, ``malloc-thresholds``): :func:`apply`
 runs it and it is turned off by name like the others, but it is not in
 :data:`FIXES` and not in :func:`apply`'s result.
@@ -47,6 +48,7 @@ from mirrorkit.compat import (
     scalar_logs,
     step_variables,
     symbolic_build,
+    symbolic_names,
 )
 from mirrorkit.compat.fix import Decision, Fix, FixUnavailable
 from mirrorkit.patching import switches
@@ -119,6 +121,9 @@ FIXES: dict[str, Fix] = {fix.name: fix for fix in (
         ("keras.src.losses.loss", "reduce_values", None), layer_losses.make),
     Fix("scalar-losses", "a loss returning a scalar trains at N times",
         ("keras.src.losses.loss", "reduce_weighted_values", None), scalar_losses.make),
+    # Stacks on no-call-build's wrapper of the same function.
+    Fix("symbolic-build-names", "Invalid Input name (keras_tensor_",
+        ("keras.src.trainers.trainer", "_symbolic_build", "Trainer"), symbolic_names.make),
 )}
 
 # Per process: each fix's decision (probes run once) and the fixes whose
@@ -317,7 +322,8 @@ def revert() -> None:
         >>> from mirrorkit import compat
         >>> compat.revert()                                  # doctest: +SKIP
     """
-    for fix in FIXES.values():
+    # Newest first: a fix stacked on another's function comes off before it.
+    for fix in reversed(FIXES.values()):
         try:
             fix.revert()
         except FixUnavailable:

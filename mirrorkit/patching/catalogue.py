@@ -116,6 +116,14 @@ _FIXES = (
          "keras-scalar-loss-scaling: a loss function or Loss.call returning a scalar is not "
          "divided by N under N replicas, so evaluate reports N times the loss and every step "
          "moves the weights N times as far.", "tests/compat/test_scalar_losses.py"),
+    _fix("symbolic-build-names", ("keras.src.trainers.trainer.Trainer._symbolic_build",
+                                  "keras.src.backend.compute_output_spec (during the build)"),
+         "the throwaway symbolic tensors of the build before the first step leave Keras's "
+         "tensor-name counter as plain Python leaves it",
+         "keras-symbolic-build-names: under a strategy the symbolic build before the first "
+         "fit advances the keras_tensor_N counter, so tensor names (a TFLite signature's input "
+         "name, a lazily built Sequential's input) differ from plain Python's.",
+         "tests/compat/test_symbolic_names.py"),
     _fix("malloc-thresholds",
          ("glibc mallopt(M_MMAP_THRESHOLD, M_TRIM_THRESHOLD)",
           "tensorflow.python.distribute.distribute_lib.StrategyBase."

@@ -232,6 +232,22 @@ def original(value: Any) -> Any:
     return value
 
 
+def chain(value: Any) -> list[Any]:
+    """``value`` and every patch layer below it, down to the original (outermost first).
+
+    Two patches of one attribute stack: the newer wraps the older, and each
+    layer's ``__mirrorkit_original__`` is the one below.
+
+    Example:
+        >>> chain(len) == [len]
+        True
+    """
+    layers = [value]
+    while patched_by(layers[-1]) is not None:
+        layers.append(getattr(layers[-1], ORIGINAL))
+    return layers
+
+
 def is_applied(name: str) -> bool:
     """True when patch ``name`` is in force in this process.
 
