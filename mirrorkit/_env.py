@@ -24,6 +24,7 @@ from mirrorkit.protocol import (  # noqa: F401 (re-exported: _env.RESTART_COUNT,
     CUDA_VISIBLE_DEVICES,
     ELASTIC_BATCH,
     ELASTIC_BATCH_CHOICES,
+    JOB_START,
     JOIN_TIMEOUT,
     NETWORK,
     ORIGINAL_RANK,
@@ -164,6 +165,16 @@ def run_id() -> str | None:
     workers and kept across restarts (so default run folders agree), or None."""
     value = os.environ.get(RUN_ID, "").strip()
     return value or None
+
+
+def job_start() -> float | None:
+    """Return ``MIRRORKIT_JOB_START``: when ``mirrorkit launch`` started this job
+    (Unix seconds, the same on every worker and across restarts), or None."""
+    try:
+        value = float(os.environ.get(JOB_START, "").strip())
+    except ValueError:
+        return None
+    return value if 0 < value < float("inf") else None
 
 
 def scale_batch() -> bool:

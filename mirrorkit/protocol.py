@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 __all__ = [
-    "TF_CONFIG", "RESTART_COUNT", "RUN_ID", "ORIGINAL_RANK", "RESTART_REASON", "ELASTIC_BATCH",
-    "ELASTIC_BATCH_CHOICES", "STATUS_DIR", "NETWORK", "NETWORK_ISOLATED", "JOIN_TIMEOUT",
+    "TF_CONFIG", "RESTART_COUNT", "RUN_ID", "JOB_START", "ORIGINAL_RANK", "RESTART_REASON",
+    "ELASTIC_BATCH", "ELASTIC_BATCH_CHOICES", "STATUS_DIR", "NETWORK", "NETWORK_ISOLATED", "JOIN_TIMEOUT",
     "TF_INTRA_OP_THREADS", "CUDA_VISIBLE_DEVICES", "WORKER_ENV",
     "ExitCode", "SIGNAL_EXIT_BASE", "signal_exit_code",
     "LOST_PEER_MARKER", "LostPeer", "format_lost_peer", "parse_lost_peer",
@@ -60,6 +60,10 @@ RESTART_COUNT = "MIRRORKIT_RESTART_COUNT"
 # One name for the job, the same on every worker and across restarts, so
 # default run folders agree.
 RUN_ID = "MIRRORKIT_RUN_ID"
+# When the job began (Unix seconds), taken by each node's launcher before its
+# rendezvous (so before any worker starts) and kept across restarts: a
+# directory made after it was made by the job (mirrorkit.runner.job_dirs).
+JOB_START = "MIRRORKIT_JOB_START"
 # A worker's rank in the first attempt, which stays its name when an elastic
 # job renumbers the survivors of a loss.
 ORIGINAL_RANK = "MIRRORKIT_ORIGINAL_RANK"
@@ -81,8 +85,8 @@ TF_INTRA_OP_THREADS = "TF_NUM_INTRAOP_THREADS"
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 
 # Every variable above that the launcher may set in a worker's environment.
-WORKER_ENV = (TF_CONFIG, RESTART_COUNT, RUN_ID, ORIGINAL_RANK, RESTART_REASON, ELASTIC_BATCH,
-              STATUS_DIR, NETWORK, TF_INTRA_OP_THREADS, CUDA_VISIBLE_DEVICES)
+WORKER_ENV = (TF_CONFIG, RESTART_COUNT, RUN_ID, JOB_START, ORIGINAL_RANK, RESTART_REASON,
+              ELASTIC_BATCH, STATUS_DIR, NETWORK, TF_INTRA_OP_THREADS, CUDA_VISIBLE_DEVICES)
 
 # --- Exit codes ---------------------------------------------------------------------------------
 

@@ -93,6 +93,7 @@ READERS = [
     (protocol.TF_CONFIG, '{"cluster": {}}', _env.tf_config_text, '{"cluster": {}}'),
     (protocol.RESTART_COUNT, "2", _env.restart_count, 2),
     (protocol.RUN_ID, "20250101-000000", _env.run_id, "20250101-000000"),
+    (protocol.JOB_START, "1735689600.25", _env.job_start, 1735689600.25),
     (protocol.ORIGINAL_RANK, "3", _env.original_rank, 3),
     (protocol.RESTART_REASON, "worker 1 exited with code 1", _env.restart_reason,
      "worker 1 exited with code 1"),

@@ -115,7 +115,8 @@ def launch(spec: LaunchSpec, *, stdout: IO[str] | None = None,
     """Run ``spec.nproc`` workers as one ``TF_CONFIG`` cluster until they finish.
 
     Each worker gets ``TF_CONFIG`` (rank 0 is the chief), the restart count
-    in ``MIRRORKIT_RESTART_COUNT``, one ``MIRRORKIT_RUN_ID`` for the job, ``PYTHONUNBUFFERED=1``, mirrorkit's
+    in ``MIRRORKIT_RESTART_COUNT``, one ``MIRRORKIT_RUN_ID`` and
+    ``MIRRORKIT_JOB_START`` for the job, ``PYTHONUNBUFFERED=1``, mirrorkit's
     Keras fixes for Python programs that never import mirrorkit
     (:mod:`mirrorkit.launcher.autofix`, via ``PYTHONPATH``) and, with
     ``gpus_per_worker``, its own ``CUDA_VISIBLE_DEVICES``. Every output line
@@ -160,7 +161,12 @@ def launch(spec: LaunchSpec, *, stdout: IO[str] | None = None,
     # One run id for every worker and every restart, so programs that name
     # their output after it (mirrorkit train's default folder) agree.
     run_id = spec.env.get(protocol.RUN_ID) or _env.run_id() or time.strftime("%Y%m%d-%H%M%S")
-    spec = dataclasses.replace(spec, env={**spec.env, protocol.RUN_ID: run_id})
+    # Taken before the rendezvous, so on every node it precedes every worker's
+    # start; kept across restarts: a directory made after it is the job's own
+    # (a launched script's mkdir of it succeeds, mirrorkit.runner.job_dirs).
+    job_start = spec.env.get(protocol.JOB_START) or f"{time.time():.6f}"
+    spec = dataclasses.replace(spec, env={**spec.env, protocol.RUN_ID: run_id,
+                                          protocol.JOB_START: job_start})
     worker_path = spec.env.get("PATH", _env.get("PATH"))
     argv = [_resolve_program(spec.command[0], worker_path), *spec.command[1:]]
     # Where workers leave their speed for the final summary (worker_status).

@@ -200,6 +200,12 @@ _ADAPTATIONS = (
                 "workers on one machine download and unpack one destination one at a time",
                 "N workers unpacking into ~/.keras/datasets at once read half-written files.",
                 "tests/runner/test_patch_controls.py", scope="multi-worker script"),
+    _adaptation("job-mkdir", ("os.mkdir (so os.makedirs and pathlib.Path.mkdir)",),
+                "mkdir of a directory made during this launched job (another worker's) "
+                "returns as if it made it",
+                "every launched worker runs the script's mkdir/makedirs in one directory: "
+                "the second raises FileExistsError.",
+                "tests/runner/test_launch_files.py", scope="multi-worker script"),
     _adaptation("backup-paths",
                 ("BackupAndRestore.backup_dir/_weights_path/_training_metadata_path/"
                  "_prev_weights_path/_prev_training_metadata_path (mirrorkit's subclass)",),

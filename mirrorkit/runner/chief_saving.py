@@ -20,7 +20,22 @@ chief-only for the script's lifetime, reusing :mod:`mirrorkit.training.callbacks
   entered would hang it.
 * ``tf.train.Checkpoint.save``/``write`` and ``tf.train.CheckpointManager.save``
   write the real files on the chief and a private directory elsewhere;
-  reading (``latest_checkpoint``, ``restore``) is left to the real path.
+  reading (``latest_checkpoint``, ``restore``) is left to the real path. The
+  real directory is still made (empty) on the other workers, as their own
+  save would have made it.
+
+A script with its own chief logic is left to it. TensorFlow's "Multi-worker
+training with a custom training loop" tutorial points a non-chief's
+``CheckpointManager`` at a folder of its own (``workertemp_1/ckpt``) and then
+removes it with ``tf.io.gfile.rmtree``: the save goes to the private
+directory, and the folder the script removes is there, empty. mirrorkit
+cannot tell such a per-task folder from a shared one without a collective in
+every save, which would hang a script that saves on the chief alone; so it
+never lets two workers write one set of files, and the only difference a
+script can see is that a non-chief's own folder is empty (its
+``tf.train.latest_checkpoint(own_folder)`` is None). When the chief removes a
+shared checkpoint folder right after its last save, a slower worker's save
+can make the folder again, empty.
 
 Outside multi-worker mode nothing is replaced: a single process is the chief.
 ``isinstance(cb, keras.callbacks.ModelCheckpoint)`` keeps working (the
@@ -156,6 +171,7 @@ def _tf_checkpoints() -> _Changes:
         def save(self: Any, file_prefix: Any, *args: Any, **kwargs: Any) -> Any:
             if _writes_elsewhere(file_prefix):
                 prefix = os.fspath(file_prefix)
+                _keep_present(os.path.dirname(prefix))
                 file_prefix = os.path.join(private(os.path.dirname(prefix) or "."),
                                            os.path.basename(prefix))
             return original(self, file_prefix, *args, **kwargs)
@@ -169,6 +185,7 @@ def _tf_checkpoints() -> _Changes:
             prefix = getattr(self, "_checkpoint_prefix", None)
             if directory is None or prefix is None or not _writes_elsewhere(directory):
                 return original(self, *args, **kwargs)
+            _keep_present(directory)
             mine = private(directory)
             self._directory = mine
             self._checkpoint_prefix = os.path.join(mine, os.path.basename(prefix))
@@ -181,6 +198,23 @@ def _tf_checkpoints() -> _Changes:
 
     return [(tf.train.Checkpoint, "save", redirect), (tf.train.Checkpoint, "write", redirect),
             (tf.train.CheckpointManager, "save", manager_save)]
+
+
+def _keep_present(directory: Any) -> None:
+    """Make the (empty) real directory a non-chief's redirected save would have made.
+
+    The script may use it next as its own: TensorFlow's custom-loop tutorial
+    removes a non-chief's checkpoint folder with ``tf.io.gfile.rmtree``,
+    which raises ``NotFoundError`` on a folder that was never made.
+    """
+    if not directory:
+        return
+    import tensorflow as tf
+
+    try:
+        tf.io.gfile.makedirs(os.fspath(directory))
+    except Exception as err:  # noqa: BLE001 -- the save itself must still run
+        logger.debug("mirrorkit: could not make %s (%s)", directory, err)
 
 
 # Real directory -> this worker's private stand-in, for the process's lifetime.

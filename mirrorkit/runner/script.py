@@ -69,7 +69,9 @@ Saving in multi-worker mode (``mirrorkit launch -- mirrorkit run``): the stock
 ``Model.save``/``save_weights`` and ``tf.train.Checkpoint``/``CheckpointManager``
 saves write from the chief only, the others to private temporary directories
 (:mod:`mirrorkit.runner.chief_saving`); ``keras.utils.get_file`` downloads
-one worker at a time per destination (:mod:`mirrorkit.runner.downloads`).
+one worker at a time per destination (:mod:`mirrorkit.runner.downloads`);
+``os.mkdir``/``os.makedirs`` of a directory another worker made during the job
+returns as if this worker made it (:mod:`mirrorkit.runner.job_dirs`).
 
 Uneven batches otherwise train fine once :mod:`mirrorkit.compat` is applied,
 which every run does (``MIRRORKIT_COMPAT=off`` opts out): without it Keras 3
@@ -101,7 +103,7 @@ from typing import Callable, Iterator
 from mirrorkit import _env
 from mirrorkit.distribute import peer_loss
 from mirrorkit.distribute.runtime import Runtime
-from mirrorkit.runner import chief_saving, downloads
+from mirrorkit.runner import chief_saving, downloads, job_dirs
 from mirrorkit.runner.config import RunConfig, ScriptFailed, check_script
 from mirrorkit.runner.model_methods import model_methods
 from mirrorkit.runner.scope import ScriptScope
@@ -168,7 +170,7 @@ def run_script(config: RunConfig,
         with ScriptScope(strategy, runtime) as scope, _script_sys(path, config.args), \
                 script_strategies(scope), model_methods(scale, config.speed_up_fit), \
                 chief_saving.installed(runtime), \
-                downloads.installed(runtime):
+                downloads.installed(runtime), job_dirs.installed(runtime):
             _run_path(path)
 
 
