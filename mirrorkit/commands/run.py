@@ -20,7 +20,9 @@ class _RunLog(logging.Handler):
     """The runner's messages (adopted strategies, trimmed examples) as one stderr line each."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        click.echo(f"mirrorkit run: {record.getMessage()}", err=True)
+        # A line that carries its own prefix (the one-device check's) is printed as is.
+        prefix = "" if getattr(record, "verbatim", False) else "mirrorkit run: "
+        click.echo(f"{prefix}{record.getMessage()}", err=True)
 
 
 @contextlib.contextmanager
@@ -60,10 +62,18 @@ def _announce(runtime, scale: bool) -> None:
               "steps per tf.function call (not when a callback acts per batch: batch-level "
               "callbacks would run once per call) and prefetching of tf.data inputs. Off by "
               "default because it changes what batch-level callbacks see.")
+@click.option("--compare-one-device/--no-compare-one-device", default=None,
+              envvar="MIRRORKIT_COMPARE_ONE_DEVICE", show_envvar=True,
+              help="At the start of each model's first fit on more than one replica, train "
+              "one step on the first global batch both distributed and on a one-device copy, "
+              "print one 'mirrorkit: one-device check:' line (same / DIFFERENT and why), then "
+              "put every variable back so the fit trains as without the flag. "
+              "Example: mirrorkit run --compare-one-device --simulate-cpus 2 train.py")
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(simulate_cpus: int | None, strategy: str | None, scale_batch: bool | None,
-        speed_up_fit: bool, script: str, args: tuple[str, ...]) -> None:
+        speed_up_fit: bool, compare_one_device: bool | None, script: str,
+        args: tuple[str, ...]) -> None:
     """Run SCRIPT as `python SCRIPT ARGS` would, with every Keras model mirrored.
 
     The strategy is created and its scope entered before the script starts, so
@@ -91,6 +101,7 @@ def run(simulate_cpus: int | None, strategy: str | None, scale_batch: bool | Non
       mirrorkit run --simulate-cpus 2 apps/plain_keras_script.py --epochs 3
       mirrorkit run --scale-batch train.py --batch-size 64   # 64 per replica
       mirrorkit run --speed-up-fit --simulate-cpus 2 train.py
+      mirrorkit run --compare-one-device --simulate-cpus 2 train.py
       mirrorkit launch -n 2 -- mirrorkit run tf_multi_worker_tutorial.py
     """
     from mirrorkit.runner import RunConfig, ScriptFailed, run_script
@@ -102,7 +113,7 @@ def run(simulate_cpus: int | None, strategy: str | None, scale_batch: bool | Non
             "see `mirrorkit run --help`)")
     config = RunConfig(script=script, args=tuple(args), strategy=strategy,
                        simulate_cpus=simulate_cpus, scale_batch=scale_batch,
-                       speed_up_fit=speed_up_fit)
+                       speed_up_fit=speed_up_fit, compare_one_device=compare_one_device)
     try:
         with user_errors(), _runner_log():
             _env.quiet_tensorflow()

@@ -11,6 +11,11 @@ import dataclasses
 import os
 from pathlib import Path
 
+from mirrorkit import _env
+
+# The environment twin of --compare-one-device.
+COMPARE_ONE_DEVICE = "MIRRORKIT_COMPARE_ONE_DEVICE"
+
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
@@ -26,6 +31,9 @@ class RunConfig:
             falls back to ``MIRRORKIT_SCALE_BATCH``, then False.
         speed_up_fit: apply ``mirrorkit train``'s safe speed-ups to the
             script's ``fit`` (:mod:`mirrorkit.runner.speed`). Defaults to False.
+        compare_one_device: start each model's first multi-replica ``fit``
+            with the one-device check (:mod:`mirrorkit.runner.one_device_check`);
+            None falls back to ``MIRRORKIT_COMPARE_ONE_DEVICE``, then False.
 
     Example:
         >>> RunConfig(script="train.py", args=("--epochs", "3")).args
@@ -38,6 +46,19 @@ class RunConfig:
     simulate_cpus: int | None = None
     scale_batch: bool | None = None
     speed_up_fit: bool = False
+    compare_one_device: bool | None = None
+
+    def compares_one_device(self) -> bool:
+        """``compare_one_device``, else ``MIRRORKIT_COMPARE_ONE_DEVICE`` (1/true/yes), else False.
+
+        Example:
+            >>> RunConfig(script="train.py", compare_one_device=True).compares_one_device()
+            True
+        """
+        if self.compare_one_device is not None:
+            return bool(self.compare_one_device)
+        raw = _env.get(COMPARE_ONE_DEVICE) or ""
+        return raw.strip().lower() in {"1", "true", "yes", "on"}
 
 
 class ScriptFailed(Exception):

@@ -1,9 +1,10 @@
 """``Model.fit``/``evaluate``/``predict`` wrapped for the script's lifetime.
 
-Three jobs: ``--scale-batch`` (the script's ``batch_size`` is per replica),
+Four jobs: ``--scale-batch`` (the script's ``batch_size`` is per replica),
 the trailing examples of ``fit`` on arrays that would leave a replica an
-empty batch (see :mod:`mirrorkit.runner.script`), and ``--speed-up-fit``
-(:mod:`mirrorkit.runner.speed`).
+empty batch (see :mod:`mirrorkit.runner.script`), ``--speed-up-fit``
+(:mod:`mirrorkit.runner.speed`) and ``--compare-one-device`` (each model's
+first ``fit`` starts with :func:`mirrorkit.runner.one_device_check.check_fit`).
 
 Example:
     >>> from mirrorkit.runner.model_methods import model_methods   # doctest: +SKIP
@@ -15,6 +16,7 @@ import contextlib
 import inspect
 import logging
 import math
+import weakref
 from typing import Any, Callable, Iterator
 
 from mirrorkit.patching import engine
@@ -28,19 +30,28 @@ _WRAPPED_METHODS = ("fit", "evaluate", "predict")
 
 
 @contextlib.contextmanager
-def model_methods(scale: bool, speed: bool = False) -> Iterator[None]:
+def model_methods(scale: bool, speed: bool = False, compare: bool = False) -> Iterator[None]:
     """Wrap ``keras.Model.fit/evaluate/predict`` (and ``compile``) for the script's lifetime.
 
     ``scale``: multiply ``batch_size`` by the model's replica count. ``fit``
     also drops the trailing examples that would give a replica an empty batch.
     ``speed``: ``--speed-up-fit`` (:func:`mirrorkit.runner.speed.speed_up`).
+    ``compare``: ``--compare-one-device``: each model's first ``fit`` on more
+    than one replica starts with the one-device check.
+
+    Example:
+        >>> with model_methods(scale=False, compare=True):          # doctest: +SKIP
+        ...     model.fit(x, y)   # one "mirrorkit: one-device check:" line first
     """
     import keras
 
     # --speed-up-fit is a patch of its own (turned off by name: fit as written).
     speed = speed and engine.enabled("speed-up-fit")
     warned: set[str] = set()
-    methods = [(keras.Model, name, lambda method: _method_wrapper(method, scale, warned, speed))
+    # Models whose first fit was checked (each model once; the script owns them).
+    checked: weakref.WeakSet | None = weakref.WeakSet() if compare else None
+    methods = [(keras.Model, name,
+                lambda method: _method_wrapper(method, scale, warned, speed, checked))
                for name in _WRAPPED_METHODS]
     compiles = [(keras.Model, "compile", _compile_wrapper)] if speed else []
     with engine.applied("script-model-methods", methods), \
@@ -71,8 +82,9 @@ def _compile_wrapper(method: Callable[..., Any]) -> Callable[..., Any]:
     return compile
 
 
-def _method_wrapper(method: Callable[..., Any], scale: bool,
-                    warned: set[str], speed: bool = False) -> Callable[..., Any]:
+def _method_wrapper(method: Callable[..., Any], scale: bool, warned: set[str],
+                    speed: bool = False,
+                    checked: weakref.WeakSet | None = None) -> Callable[..., Any]:
     signature = inspect.signature(method)
     speeds_up = speed and method.__name__ == "fit"
 
@@ -91,6 +103,13 @@ def _method_wrapper(method: Callable[..., Any], scale: bool,
             _scale_batch(bound, replicas, prebatched, warned)
         if method.__name__ == "fit" and not prebatched and replicas > 1:
             _drop_empty_replica_batch(bound, replicas, warned)
+        if checked is not None and method.__name__ == "fit" and replicas > 1 \
+                and self not in checked:
+            from mirrorkit.runner.one_device_check import check_fit
+
+            checked.add(self)
+            # Before --speed-up-fit: the check compares the step as the script compiled it.
+            check_fit(self, bound, replicas)
         if speeds_up:
             from mirrorkit.runner.speed import speed_up
 

@@ -1,0 +1,211 @@
+"""A one-device copy of a compiled model, and one training step of it.
+
+For ``mirrorkit run --compare-one-device``. The copy is built from the
+model's config (same class: a model that overrides ``train_step`` keeps its
+step), compiled like the model (a fresh optimizer from the optimizer's
+config, the same losses and loss weights, fresh metrics), given the model's
+weights and optimizer state, and trained one step under the default
+strategy. All of it happens in a thread of its own: mirrorkit's strategy
+scope and Keras's name counters are per thread, so the copy lands on one
+device and the script's later layer names are unchanged.
+
+Example:
+    >>> from mirrorkit.runner.one_device_copy import one_device_step   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence
+
+import numpy as np
+
+from mirrorkit.patching import engine
+from mirrorkit.runner.one_device_verdict import Step
+
+__all__ = ["CannotCopy", "QUIET", "one_device_step", "run_step"]
+
+# Layers whose training-time randomness is switched off for the check, and
+# the attribute that does it: each draws its masks per replica, so N
+# replicas cannot draw one device's mask.
+QUIET = {"Dropout": "rate", "SpatialDropout1D": "rate", "SpatialDropout2D": "rate",
+         "SpatialDropout3D": "rate", "GaussianDropout": "rate", "AlphaDropout": "rate",
+         "GaussianNoise": "stddev"}
+
+
+class CannotCopy(RuntimeError):
+    """The model has no faithful one-device copy (the message says why)."""
+
+
+def run_step(model: Any, batch: tuple[Any, Any, Any], class_weight: Any,
+             strategy: Any) -> dict[str, np.ndarray]:
+    """Run ``model``'s own compiled training step once on ``batch``; return its logs.
+
+    The batch is fed the way ``fit`` feeds it: Keras's epoch iterator,
+    distributed by ``strategy``, handed to ``model.train_function``.
+
+    Example:
+        >>> run_step(model, (x[:32], y[:32], None), None, model.distribute_strategy)  # doctest: +SKIP
+        {'loss': array(0.69, dtype=float32)}
+    """
+    from keras.src.backend.tensorflow.trainer import TFEpochIterator
+
+    x, y, sample_weight = batch
+    iterator = TFEpochIterator(x=x, y=y, sample_weight=sample_weight,
+                               batch_size=_rows(batch), shuffle=False,
+                               class_weight=class_weight, distribute_strategy=strategy,
+                               steps_per_execution=model.steps_per_execution)
+    model.make_train_function()
+    logs = None
+    with iterator.catch_stop_iteration():
+        for _, _, data in iterator:
+            logs = model.train_function(data)
+            break
+    if logs is None:
+        raise CannotCopy("the batch gave no training step")
+    return {k: np.asarray(v) for k, v in logs.items()}
+
+
+def _rows(batch: Any) -> int:
+    from keras import tree
+
+    leaves = [t for t in tree.flatten(batch) if t is not None]
+    return int(leaves[0].shape[0])
+
+
+def one_device_step(model: Any, batch: tuple[Any, Any, Any], class_weight: Any,
+                    weights: Sequence[np.ndarray], slots: Sequence[np.ndarray]) -> Step:
+    """Train a one-device copy of ``model`` one step on ``batch``, from the given state.
+
+    Args:
+        model: the compiled (and built) model.
+        batch: ``(x, y, sample_weight)`` of the global batch.
+        class_weight: ``fit``'s ``class_weight`` (or None).
+        weights: the value of each of ``model.weights`` before the step.
+        slots: the value of each of ``model.optimizer.variables`` before the step.
+
+    Returns:
+        The copy's logs and each weight's update.
+
+    Raises:
+        CannotCopy: no faithful copy (another class, other variables, a custom
+            ``compile``); the message says why.
+
+    Example:
+        >>> one_device_step(model, batch, None, weights, slots)       # doctest: +SKIP
+    """
+    result: dict[str, Any] = {}
+    policy = _dtype_policy()
+
+    def work() -> None:
+        try:
+            result["step"] = _copy_and_step(model, batch, class_weight, weights, slots, policy)
+        except BaseException as err:  # noqa: BLE001 -- handed back to the caller's thread
+            result["error"] = err
+
+    thread = threading.Thread(target=work, name="mirrorkit-one-device-check")
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["step"]
+
+
+def _dtype_policy() -> Any:
+    from keras.src.backend.common import global_state
+
+    return global_state.get_global_attribute("dtype_policy")
+
+
+def _copy_and_step(model: Any, batch: tuple[Any, Any, Any], class_weight: Any,
+                   weights: Sequence[np.ndarray], slots: Sequence[np.ndarray],
+                   policy: Any) -> Step:
+    import tensorflow as tf
+    from keras.src.backend.common import global_state
+
+    if tf.distribute.has_strategy():
+        raise CannotCopy("no one-device context: a strategy scope is open in every thread")
+    if policy is not None:
+        # Keras's global state is per thread: the script's mixed-precision policy.
+        global_state.set_global_attribute("dtype_policy", policy)
+    copy = _copy(model)
+    _compile_like(copy, model)
+    copy._symbolic_build(data_batch=batch)
+    if copy.optimizer is not None and not copy.optimizer.built:
+        copy.optimizer.build(copy.trainable_variables)
+    _assign(copy.weights, weights, "weights")
+    _assign(copy.optimizer.variables, slots, "optimizer variables")
+    for layer in copy._flatten_layers():
+        attr = QUIET.get(type(layer).__name__)
+        if attr:
+            engine.on_object("one-device-check", layer, attr, 0.0)
+    logs = run_step(copy, batch, class_weight, tf.distribute.get_strategy())
+    updates = [np.asarray(v.numpy()) - w for v, w in zip(copy.weights, weights)]
+    return Step(logs=logs, updates=updates)
+
+
+def _copy(model: Any) -> Any:
+    import keras
+    from keras.src.saving import serialization_lib
+
+    classes = {type(layer).__name__: type(layer) for layer in model._flatten_layers()}
+    classes[type(model).__name__] = type(model)
+    try:
+        config = model.get_config()
+        # The script's own layer classes are known here, not registered.
+        with keras.utils.custom_object_scope(classes), \
+                serialization_lib.SafeModeScope(False):
+            copy = type(model).from_config(config)
+    except Exception as err:  # noqa: BLE001 -- any failure means: no copy
+        raise CannotCopy(f"{type(model).__name__} cannot be rebuilt from its config "
+                         f"({type(err).__name__}: {_first_line(err)})") from err
+    if type(copy) is not type(model):
+        raise CannotCopy(f"its config rebuilds a {type(copy).__name__}, not a "
+                         f"{type(model).__name__}")
+    return copy
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0][:160] if text else ""
+
+
+def _fresh(value: Any) -> Any:
+    """A metric object's twin with its own state (strings and functions as they are)."""
+    import keras
+    from keras import tree
+
+    def one(m: Any) -> Any:
+        if isinstance(m, keras.metrics.Metric):
+            return type(m).from_config(m.get_config())
+        return m
+
+    return tree.map_structure(one, value) if value is not None else None
+
+
+def _compile_like(copy: Any, model: Any) -> None:
+    import keras
+
+    if type(model).compile is not keras.Model.compile:
+        raise CannotCopy(f"{type(model).__name__} overrides compile()")
+    config = dict(getattr(model, "_compile_config").config)
+    optimizer = model.optimizer
+    try:
+        fresh_optimizer = type(optimizer).from_config(optimizer.get_config())
+    except Exception as err:  # noqa: BLE001
+        raise CannotCopy(f"its optimizer {type(optimizer).__name__} cannot be rebuilt from "
+                         f"its config ({_first_line(err)})") from err
+    copy.compile(optimizer=fresh_optimizer, loss=config.get("loss"),
+                 loss_weights=config.get("loss_weights"), metrics=_fresh(config.get("metrics")),
+                 weighted_metrics=_fresh(config.get("weighted_metrics")),
+                 run_eagerly=model.run_eagerly, jit_compile=False, steps_per_execution=1)
+
+
+def _assign(variables: Sequence[Any], values: Sequence[np.ndarray], what: str) -> None:
+    shapes = [tuple(v.shape) for v in variables]
+    wanted = [tuple(np.shape(v)) for v in values]
+    if shapes != wanted:
+        raise CannotCopy(f"the copy's {what} differ from the model's "
+                         f"({len(shapes)} vs {len(wanted)})")
+    for variable, value in zip(variables, values):
+        variable.assign(value)
