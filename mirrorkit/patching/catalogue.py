@@ -173,6 +173,14 @@ _ADAPTATIONS = (
                 "an unmodified script's batch_size is one device's, and an empty replica "
                 "batch breaks BatchNormalization.", "tests/runner/test_patch_controls.py",
                 scope="script"),
+    _adaptation("one-device-check",
+                ("Model.train_function (the checked model, during the check)",
+                 "Dropout/GaussianNoise rate/stddev (the checked model and its copy, during "
+                 "the check)"),
+                "with --compare-one-device, the check's step is traced with dropout off and "
+                "dropped afterwards, so fit traces its own",
+                "replicas draw dropout masks per slice, and fit must train as without the flag.",
+                "tests/runner/test_one_device_check.py", scope="script"),
     _adaptation("speed-up-fit", ("keras.Model.compile", "Model.steps_per_execution (per model)"),
                 "with --speed-up-fit, fit runs several steps per tf.function call when the "
                 "script left steps_per_execution alone",

@@ -168,7 +168,8 @@ def run_script(config: RunConfig,
         if on_start is not None:
             on_start(runtime, scale)
         with ScriptScope(strategy, runtime) as scope, _script_sys(path, config.args), \
-                script_strategies(scope), model_methods(scale, config.speed_up_fit), \
+                script_strategies(scope), \
+                model_methods(scale, config.speed_up_fit, config.compares_one_device()), \
                 chief_saving.installed(runtime), \
                 downloads.installed(runtime), job_dirs.installed(runtime):
             _run_path(path)
