@@ -216,6 +216,24 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         TESTED_KERAS,
     ),
     KnownIssue(
+        "keras-no-gradient-loss-scaling", "keras", "3.0", None,
+        "under N replicas a keras.losses.Loss called where no gradient is taken (a custom "
+        "test_step, a metric computed by hand) is divided by N like a training loss: it "
+        "reports 1/N of the one-device value.",
+        "compat fix 'no-gradient-losses' divides (and multiplies back) only while a gradient "
+        "tape records; evaluate's numbers do not change.",
+        TESTED_KERAS,
+    ),
+    KnownIssue(
+        "keras-logged-step-loss", "keras", "3.0", None,
+        "under N replicas a custom train_step that logs the loss it computed "
+        "(self.loss_tracker.update_state(loss)) reports 1/N of the one-device loss: the loss "
+        "is each replica's share of the global loss.",
+        "compat fix 'logged-step-losses' logs such a share N times in a keras.metrics.Mean; "
+        "the gradient is untouched.",
+        TESTED_KERAS,
+    ),
+    KnownIssue(
         "keras#20582", "keras", "3.0", None,
         "optimizer gradient_accumulation_steps fails under any tf.distribute strategy "
         "('`merge_call` called while defining a new graph': a sync inside a cond).",

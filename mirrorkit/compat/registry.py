@@ -16,7 +16,8 @@ module each: :mod:`~mirrorkit.compat.symbolic_build`,
 :mod:`~mirrorkit.compat.empty_conv`, :mod:`~mirrorkit.compat.on_batch`,
 :mod:`~mirrorkit.compat.generator_copies`, :mod:`~mirrorkit.compat.accumulation`,
 :mod:`~mirrorkit.compat.layer_losses`, :mod:`~mirrorkit.compat.scalar_losses`,
-:mod:`~mirrorkit.compat.symbolic_names`. One more is a process setting, not a Keras
+:mod:`~mirrorkit.compat.symbolic_names`, :mod:`~mirrorkit.compat.no_gradient_losses`,
+:mod:`~mirrorkit.compat.logged_losses`. One more is a process setting, not a Keras
 patch (:mod:`~mirrorkit.compat.allocator`, ``malloc-thresholds``): :func:`apply`
 runs it and it is turned off by name like the others, but it is not in
 :data:`FIXES` and not in :func:`apply`'s result.
@@ -40,8 +41,10 @@ from mirrorkit.compat import (
     generator_copies,
     known_issues,
     layer_losses,
+    logged_losses,
     multistep,
     no_call_build,
+    no_gradient_losses,
     on_batch,
     probes,
     scalar_losses,
@@ -124,6 +127,17 @@ FIXES: dict[str, Fix] = {fix.name: fix for fix in (
     # Stacks on no-call-build's wrapper of the same function.
     Fix("symbolic-build-names", "Invalid Input name (keras_tensor_",
         ("keras.src.trainers.trainer", "_symbolic_build", "Trainer"), symbolic_names.make),
+    # Both stack on cross-replica-step's wrappers of the same two functions.
+    Fix("no-gradient-losses", "a loss in a custom test_step reports 1/N",
+        ("keras.src.losses.loss", "scale_loss_for_distribution", None), no_gradient_losses.make,
+        also=(("keras.src.losses.loss", "unscale_loss_for_distribution", None,
+               no_gradient_losses.make),)),
+    Fix("logged-step-losses", "a custom train_step logs 1/N of its loss",
+        ("keras.src.metrics.reduction_metrics", "update_state", "Mean"),
+        logged_losses.make_update_state,
+        also=(("keras.src.losses.loss", "__call__", "Loss", logged_losses.make_loss_call),
+              ("keras.src.trainers.trainer", "compute_loss", "Trainer",
+               logged_losses.make_compute_loss))),
 )}
 
 # Per process: each fix's decision (probes run once) and the fixes whose

@@ -38,6 +38,30 @@ def _inside_layer_call() -> bool:
     return global_state.get_global_attribute("current_call_ctx") is not None
 
 
+def _weighted(values: Any, sample_weight: Any, dtype: Any, loss: Any) -> Any:
+    """A scalar loss times the *global* batch's mean sample weight, scaled as Keras scales.
+
+    Keras broadcasts the scalar to the weights and averages: ``L * mean(w)``
+    over the replica's batch. One device computes ``L * mean(w)`` over the
+    global batch; the replicas' ``L`` average to the global one, but their
+    mean weights do not multiply back to its mean weight. So the replica's
+    ``L`` is multiplied by the global mean weight (one sum over the replicas
+    per step; no gradient flows into weights).
+    """
+    import tensorflow as tf
+    from keras import ops
+    from keras.src.losses.loss import scale_loss_for_distribution
+
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync <= 1:
+        return loss
+    values = ops.convert_to_tensor(values, dtype=dtype)
+    weight = ops.cast(ops.convert_to_tensor(sample_weight), values.dtype)
+    local = ops.stack([ops.sum(weight), ops.cast(ops.size(weight), values.dtype)])
+    total = tf.stop_gradient(context.all_reduce(tf.distribute.ReduceOp.SUM, local))
+    return scale_loss_for_distribution(values * ops.divide_no_nan(total[0], total[1]))
+
+
 def make(original: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap ``keras.src.losses.loss.reduce_weighted_values`` (``original``) with the fix."""
 
@@ -45,14 +69,15 @@ def make(original: Callable[..., Any]) -> Callable[..., Any]:
                                reduction="sum_over_batch_size", dtype=None):
         loss = original(values, sample_weight=sample_weight, mask=mask,
                         reduction=reduction, dtype=dtype)
-        if sample_weight is not None or mask is not None \
-                or getattr(values, "shape", None) is None or tuple(values.shape) != () \
-                or _inside_layer_call():
+        if mask is not None or getattr(values, "shape", None) is None \
+                or tuple(values.shape) != () or _inside_layer_call():
             return loss
         from keras.src.losses.loss import scale_loss_for_distribution, standardize_reduction
 
         if standardize_reduction(reduction) not in _AVERAGING:
             return loss
+        if sample_weight is not None:
+            return _weighted(values, sample_weight, dtype, loss)
         # One value for the whole local batch: its mean. Scaled as Keras
         # scales a per-example loss's mean (a no-op with one replica).
         return scale_loss_for_distribution(loss)

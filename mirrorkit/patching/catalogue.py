@@ -124,6 +124,21 @@ _FIXES = (
          "fit advances the keras_tensor_N counter, so tensor names (a TFLite signature's input "
          "name, a lazily built Sequential's input) differ from plain Python's.",
          "tests/compat/test_symbolic_names.py"),
+    _fix("no-gradient-losses", (f"{_LOSS}.scale_loss_for_distribution",
+                                f"{_LOSS}.unscale_loss_for_distribution"),
+         "a loss is divided by the replicas (and multiplied back for the logs) only while a "
+         "gradient tape records",
+         "keras-no-gradient-loss-scaling: under N replicas a keras.losses.Loss called where "
+         "no gradient is taken (a custom test_step, a metric by hand) reports 1/N of the "
+         "one-device value.", "tests/compat/test_step_losses.py"),
+    _fix("logged-step-losses", ("keras.src.metrics.reduction_metrics.Mean.update_state",
+                                f"{_LOSS}.Loss.__call__",
+                                "keras.src.trainers.trainer.Trainer.compute_loss"),
+         "a Mean metric given a training step's loss share (a Loss call's or compute_loss's "
+         "own result) logs N times it: the one-device loss",
+         "keras-logged-step-loss: under N replicas a custom train_step that logs the loss it "
+         "computed with a keras.metrics.Mean reports 1/N of the one-device loss.",
+         "tests/compat/test_step_losses.py"),
     _fix("malloc-thresholds",
          ("glibc mallopt(M_MMAP_THRESHOLD, M_TRIM_THRESHOLD)",
           "tensorflow.python.distribute.distribute_lib.StrategyBase."

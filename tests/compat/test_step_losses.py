@@ -1,0 +1,80 @@
+"""Losses outside Keras's own steps, and scalar losses with weights, give one device's numbers.
+
+``tests/fixtures/step_losses.py`` trains and evaluates each case on one
+device and on N replicas in one process. With the fixes on, every logged
+number and every kernel equals one device's:
+
+* ``no-gradient-losses``: a ``Loss`` logged in a custom ``test_step``;
+* ``logged-step-losses``: a custom ``train_step`` that logs ``compute_loss``'s
+  or a ``Loss`` object's result (the gradient was right before, and stays);
+* ``scalar-losses``: a loss returning a scalar with sample weights, on one
+  of two weighted outputs, and under ``mixed_float16`` (as "mse" does there).
+
+With the three turned off by name, upstream's numbers come back: 1/N logged
+losses with the same weights, and a weighted scalar loss whose update is off.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, clean_env, result_line
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = REPO / "tests" / "fixtures" / "step_losses.py"
+FIXES = ("no-gradient-losses", "logged-step-losses", "scalar-losses")
+# float32 sums in another order; float16 (mixed precision) steps.
+FLOAT32, FLOAT16 = 2e-6, 2e-3
+
+
+def _runs(tmp_path, n: int, **env: str) -> tuple[dict, dict]:
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(n)], cwd=str(tmp_path),
+                          env=clean_env(**env), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    result = result_line(proc.stdout)
+    return result["status"], result["runs"]
+
+
+def _flat(value) -> list[float]:
+    if isinstance(value, dict):
+        return [v for k in sorted(value) for v in _flat(value[k])]
+    if isinstance(value, list):
+        return [v for item in value for v in _flat(item)]
+    return [float(value)]
+
+
+def _same(a: dict, b: dict, rel: float) -> bool:
+    return all(abs(x - y) <= rel * max(1.0, abs(y)) for x, y in zip(_flat(a), _flat(b)))
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_every_case_logs_and_trains_as_on_one_device(tmp_path, n):
+    status, runs = _runs(tmp_path, n)
+    assert status == dict.fromkeys(FIXES, "applied")
+    cases = {key.rsplit("-", 1)[0] for key in runs}
+    assert len(cases) == 7
+    for case in cases:
+        rel = FLOAT16 if "mixed" in case else FLOAT32
+        assert _same(runs[f"{case}-{n}"], runs[f"{case}-1"], rel), \
+            (case, runs[f"{case}-{n}"], runs[f"{case}-1"])
+    # Under mixed precision a scalar loss trains exactly as Keras's own "mse".
+    assert runs[f"scalar_mixed-{n}"] == runs[f"mse_mixed-{n}"]
+
+
+def test_without_the_fixes_upstream_logs_a_share_and_weights_go_astray(tmp_path):
+    status, runs = _runs(tmp_path, 2, MIRRORKIT_COMPAT_DISABLE=",".join(FIXES))
+    assert status == dict.fromkeys(FIXES, "disabled")
+    # A Loss where no gradient is taken, and a custom step's logged loss: 1/2 ...
+    assert runs["custom_test-2"]["evaluate"][0] == pytest.approx(
+        runs["custom_test-1"]["evaluate"][0] / 2, rel=1e-5)
+    for case in ("custom_train", "custom_train_loss_fn"):
+        one, two = runs[f"{case}-1"], runs[f"{case}-2"]
+        assert two["fit_loss"] == pytest.approx([v / 2 for v in one["fit_loss"]], rel=1e-5)
+        assert two["kernel"] == pytest.approx(one["kernel"], rel=1e-5)  # ... same training
+    # A weighted scalar loss: each replica's mean weight times its own loss.
+    assert not _same(runs["scalar_weighted-2"]["kernel"], runs["scalar_weighted-1"]["kernel"],
+                     1e-3)
