@@ -201,6 +201,14 @@ _ADAPTATIONS = (
                 "script left steps_per_execution alone",
                 "opt-in speed: Keras's default runs one step per call.",
                 "tests/runner/test_patch_controls.py", scope="script"),
+    _adaptation("loaded-function-calls",
+                ("tensorflow.python.saved_model.load._WrapperFunction._call_flat",),
+                "a function of a SavedModel loaded in the script, called at the script's top "
+                "level, reads this process's first copy of each mirrored variable",
+                "tf.saved_model.load in a strategy scope restores mirrored variables whose "
+                "functions TensorFlow refuses to run in the cross-replica context, which is "
+                "the script's top level under mirrorkit's scope (InvalidArgumentError).",
+                "tests/runner/test_exports.py", scope="script"),
     _adaptation("chief-only-callbacks",
                 ("keras.callbacks.BackupAndRestore", "keras.callbacks.ModelCheckpoint",
                  "keras.callbacks.TensorBoard"),
@@ -219,6 +227,15 @@ _ADAPTATIONS = (
                 "manager's private _directory is pointed elsewhere during the save)",
                 "the multi-worker tutorial's chief-only pattern, without the script writing "
                 "it.", "tests/runner/test_patch_controls.py", scope="multi-worker script"),
+    _adaptation("chief-only-saved-model",
+                ("tf.saved_model.save", "tensorflow.lite.python.lite."
+                 "TFLiteKerasModelConverterV2._convert_keras_to_saved_model"),
+                "every worker saves (model.export, ExportArchive.write_out too), only the "
+                "chief to the real directory, then all wait for the chief; the folder a "
+                "TFLite conversion makes for itself is kept",
+                "N workers writing one SavedModel directory replace each other's files while "
+                "another worker may already be loading it.",
+                "tests/runner/test_exports.py", scope="multi-worker script"),
     _adaptation("get-file-lock", ("keras.utils.get_file (every module that binds it)",),
                 "workers on one machine download and unpack one destination one at a time",
                 "N workers unpacking into ~/.keras/datasets at once read half-written files.",

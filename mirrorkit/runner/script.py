@@ -105,6 +105,7 @@ from mirrorkit.distribute import peer_loss
 from mirrorkit.distribute.runtime import Runtime
 from mirrorkit.runner import chief_saving, downloads, job_dirs
 from mirrorkit.runner.config import RunConfig, ScriptFailed, check_script
+from mirrorkit.runner.exports import chief_only_saved_models, restored_calls
 from mirrorkit.runner.model_methods import model_methods
 from mirrorkit.runner.scope import ScriptScope
 from mirrorkit.runner.strategies import script_strategies
@@ -169,6 +170,7 @@ def run_script(config: RunConfig,
             on_start(runtime, scale)
         with ScriptScope(strategy, runtime) as scope, _script_sys(path, config.args), \
                 script_strategies(scope), \
+                restored_calls(scope), chief_only_saved_models(runtime), \
                 model_methods(scale, config.speed_up_fit, config.compares_one_device()), \
                 chief_saving.installed(runtime), \
                 downloads.installed(runtime), job_dirs.installed(runtime):
