@@ -41,8 +41,9 @@ Outside multi-worker mode nothing is replaced: a single process is the chief.
 ``isinstance(cb, keras.callbacks.ModelCheckpoint)`` keeps working (the
 replacements are subclasses), and so do the script's own subclasses.
 
-Not covered: ``keras.saving.save_model(model, path)`` called directly,
-``model.export``, and files the script writes itself (``open``, ``np.save``).
+``tf.saved_model.save`` (so ``model.export``): :mod:`mirrorkit.runner.exports`.
+Not covered: ``keras.saving.save_model(model, path)`` called directly, and
+files the script writes itself (``open``, ``np.save``).
 
 Example:
     >>> from mirrorkit.runner import chief_saving
