@@ -23,7 +23,14 @@ from ``python script.py``:
   ``ExportArchive.write_out``) on the same path; the chief writes the real
   directory, the others a private temporary one removed at once, then all
   wait for the chief, so a worker that loads the path next reads the chief's
-  finished files. Every worker still saves: a save may run collectives.
+  finished files. Every worker still saves: a save may run collectives. The
+  folder ``TFLiteConverter.from_keras_model(...).convert()`` makes for itself
+  (``tempfile.mkdtemp``, written through ``model.export`` and read back) is
+  every worker's own and kept as it is.
+
+Why not load with the scope stepped aside: the loaded variables would then be
+plain, one copy, and ``fit`` on a model around a reloaded ``TFSMLayer`` fails
+under the strategy (``AssertionError``; TensorFlow 2.21, Keras 3.15).
 
 Limits: a restored function that *assigns* a mirrored variable from the top
 level changes this process's first copy only; a sync-on-read variable reads
@@ -71,8 +78,15 @@ def restored_calls(scope: ScriptScope) -> Iterator[None]:
         return
     from tensorflow.python.saved_model import load
 
+    wrapper = getattr(load, "_WrapperFunction", None)
+    if wrapper is None or "_call_flat" not in vars(wrapper):
+        logger.warning("mirrorkit: this TensorFlow has no saved_model.load._WrapperFunction."
+                       "_call_flat; %s is not applied (loaded functions keep TensorFlow's "
+                       "behaviour).", CALLS)
+        yield
+        return
     make = functools.partial(_local_copies_across_replicas, scope=scope)
-    with engine.applied(CALLS, [(load._WrapperFunction, "_call_flat", make)]):
+    with engine.applied(CALLS, [(wrapper, "_call_flat", make)]):
         yield
 
 
@@ -82,7 +96,8 @@ def _local_copies_across_replicas(call_flat: Callable[..., Any],
     from tensorflow.python.distribute import distribute_utils
 
     @functools.wraps(call_flat)
-    def _call_flat(self: Any, args: Any, captured_inputs: Any) -> Any:
+    def _call_flat(self: Any, args: Any, captured_inputs: Any, *rest: Any, **kwargs: Any
+                   ) -> Any:
         strategy = tf.distribute.get_strategy()
         # Only at the script's own level of mirrorkit's strategy: in a replica
         # (fit, strategy.run) TensorFlow already picks the replica's copy, and
@@ -92,7 +107,7 @@ def _local_copies_across_replicas(call_flat: Callable[..., Any],
                 strategy.experimental_local_results(x)[0].handle
                 if distribute_utils.is_distributed_variable(x) else x
                 for x in captured_inputs]
-        return call_flat(self, args, captured_inputs)
+        return call_flat(self, args, captured_inputs, *rest, **kwargs)
 
     return _call_flat
 
