@@ -252,6 +252,14 @@ _ADAPTATIONS = (
                 "a non-chief worker's backup goes to a private folder",
                 "Keras's BackupAndRestore has no chief logic: two workers write one backup.",
                 "tests/training/test_backup_paths.py", scope="object"),
+    _adaptation("checkpoint-barrier",
+                ("ModelCheckpoint._after_save (mirrorkit's subclass)",),
+                "after each ModelCheckpoint save point every worker waits for the others "
+                "(one all-reduce, whether or not save_best_only wrote); mirrorkit run's "
+                "Model.save leaves its own wait to it",
+                "a worker that lists or loads the checkpoint folder right after fit (keras.io's "
+                "distributed guide calls run_training twice) found the chief's newest file "
+                "missing or half-written.", "tests/runner/test_launch_files.py", scope="object"),
 )
 
 PATCHES: dict[str, Patch] = {p.name: p for p in (*_FIXES, *_ADAPTATIONS)}

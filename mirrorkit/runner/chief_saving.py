@@ -122,6 +122,7 @@ def _replace_callbacks() -> _Changes:
 
 
 def _chief_only(method: Callable[..., Any], kind: str) -> Callable[..., Any]:
+    from mirrorkit.training.callbacks import checkpoint_waits_after
     from mirrorkit.training.chief import barrier, chief_path
 
     @functools.wraps(method)
@@ -132,7 +133,9 @@ def _chief_only(method: Callable[..., Any], kind: str) -> Callable[..., Any]:
             result = method(self, target, *args, **kwargs)
         # The script may read the file next (save, then load_model) on every
         # worker: none may read before the chief has finished writing it.
-        barrier(self)
+        # A chief-aware ModelCheckpoint waits once itself, after its save.
+        if not checkpoint_waits_after():
+            barrier(self)
         return result
 
     return save

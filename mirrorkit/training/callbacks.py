@@ -45,11 +45,13 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import logging
 import os
 import shutil
+import threading
 from typing import Any
 
 import keras
@@ -59,6 +61,7 @@ from mirrorkit.errors import MissingDependency
 from mirrorkit.patching import engine
 from mirrorkit.training.chief import (
     Scratch,
+    barrier,
     broadcast_from_chief,
     chief_path,
     in_multi_worker_mode,
@@ -70,8 +73,8 @@ from mirrorkit.training.chief import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BackupAndRestore", "ModelCheckpoint", "TensorBoard", "chief_path", "in_scratch",
-           "is_chief", "save_model"]
+__all__ = ["BackupAndRestore", "ModelCheckpoint", "TensorBoard", "checkpoint_waits_after",
+           "chief_path", "in_scratch", "is_chief", "save_model"]
 
 
 class BackupAndRestore(keras.callbacks.BackupAndRestore):
@@ -207,6 +210,14 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
     may run collectives. ``save_best_only`` decides identically everywhere,
     since monitored metrics are aggregated over all workers.
 
+    After each save every worker waits for the others (one tiny all-reduce,
+    patch ``checkpoint-barrier``), so a worker that lists or loads
+    ``filepath``'s folder right after ``fit`` finds the chief's newest file
+    complete. Every worker reaches that point at the same epoch or batch
+    (``save_freq`` counts batches, which are the same everywhere), and it
+    waits whether or not ``save_best_only`` chose to write, so the wait never
+    depends on that decision.
+
     Args:
         filepath: where the chief saves (may contain ``{epoch}`` etc.).
         monitor, verbose, save_best_only, save_weights_only, mode, save_freq,
@@ -227,11 +238,17 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
                          initial_value_threshold=initial_value_threshold)
         self._scratch: Scratch | None = None
         self._chief = True
+        self._after_save: Any = None
 
     def set_model(self, model):
         super().set_model(model)
         strategy = strategy_of(model)
         self._chief = is_chief(strategy)
+        if in_multi_worker_mode(strategy):
+            # Turned off by name (checkpoint-barrier), a worker may read the
+            # folder before the chief's newest file is written.
+            engine.on_object("checkpoint-barrier", self, "_after_save",
+                             functools.partial(barrier, strategy))
         if not self._chief and self._scratch is None:
             self._scratch = Scratch("ckpt", self.filepath, task_label(strategy))
         if self._scratch is not None and not self._chief:
@@ -244,10 +261,19 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         return os.path.join(self._scratch.get(), os.path.basename(path))
 
     def _save_model(self, epoch, batch, logs):
-        super()._save_model(epoch, batch, logs)
-        if not self._chief and self._scratch is not None:
-            # The others' copies are never read: keep disk use at one file.
-            self._scratch.clear()
+        # Keras calls this at every save point and decides inside it whether
+        # to write (save_best_only): the wait below comes after, whatever it
+        # decided, and stands for the one mirrorkit run's Model.save has.
+        _IN_CHECKPOINT.depth = getattr(_IN_CHECKPOINT, "depth", 0) + 1
+        try:
+            super()._save_model(epoch, batch, logs)
+            if not self._chief and self._scratch is not None:
+                # The others' copies are never read: keep disk use at one file.
+                self._scratch.clear()
+        finally:
+            _IN_CHECKPOINT.depth -= 1
+        if self._after_save is not None:
+            self._after_save()
 
     def on_train_end(self, logs=None):
         super().on_train_end(logs)
@@ -307,6 +333,25 @@ class TensorBoard(keras.callbacks.TensorBoard):
         super().on_train_end(logs)
         if self._scratch is not None:
             self._scratch.remove()
+
+
+# How deep this thread is in a ModelCheckpoint save (see checkpoint_waits_after).
+_IN_CHECKPOINT = threading.local()
+
+
+def checkpoint_waits_after() -> bool:
+    """True while a chief-aware :class:`ModelCheckpoint` saves on this thread.
+
+    Such a save ends with one wait for every worker (or none, with
+    ``checkpoint-barrier`` turned off), so a ``Model.save`` wrapper that
+    waits after each save (``mirrorkit run``'s chief-only saving) leaves
+    the wait to the callback instead of waiting twice.
+
+    Example:
+        >>> checkpoint_waits_after()
+        False
+    """
+    return getattr(_IN_CHECKPOINT, "depth", 0) > 0
 
 
 def save_model(model: Any, path: str | os.PathLike, **kwargs: Any) -> bool:

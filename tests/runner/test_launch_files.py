@@ -159,3 +159,26 @@ def test_ctl_tutorial_chief_logic_of_its_own_runs_as_written(tmp_path):
     # The tutorial's own non-chief folder, emptied by its rmtree as under plain TF.
     assert [p.name for p in (out / "workertemp_1").iterdir()] == []
     _same_numbers(plain, proc)
+
+
+@pytest.mark.slow
+def test_keras_io_guide_second_run_restores_the_chiefs_newest_checkpoint(tmp_path):
+    # The guide calls run_training() twice: the second lists ./ckpt right
+    # after fit and loads the newest file. --slow-chief-save holds the chief
+    # inside its write of ckpt-2.keras (the zip not yet closed) for 3 s.
+    plain = _run([sys.executable, GUIDE], tmp_path / "plain")
+    _ok(plain)
+    assert _lines(plain, "Restoring from ") == ["Restoring from ckpt-2.keras"]
+    command = [*LAUNCH, GUIDE, "--slow-chief-save", "3"]
+    proc = _run(command, tmp_path / "launch")
+    _ok(proc)
+    assert _lines(proc, "Restoring from ") == _lines(plain, "Restoring from ") * 2
+    assert _files(tmp_path / "launch" / "ckpt") == _files(tmp_path / "plain" / "ckpt")
+    _same_numbers(plain, proc)
+    # The control: patch "checkpoint-barrier" off by name, and worker 1 lists
+    # the folder while the chief is still writing: it loads a half-written zip.
+    control = _run(command, tmp_path / "control",
+                   **{_env.COMPAT_DISABLE: "checkpoint-barrier"})
+    assert control.returncode != 0
+    assert "File not found: filepath=./ckpt/ckpt-2.keras. Please ensure the file is an " \
+           "accessible `.keras` zip file" in control.stdout + control.stderr

@@ -208,3 +208,38 @@ def test_tensorboard_records_what_update_freq_asks(tmp_path, update_freq):
         assert "batch_loss" not in tags and per_batch == []
     else:
         assert "batch_loss" in tags and len(per_batch) >= 8   # 4 steps x 2 epochs
+
+
+def test_checkpoint_waits_at_every_save_point_whatever_save_best_only_decides(tmp_path):
+    # Multi-worker, the wait after a save is an all-reduce every worker must
+    # enter: it may follow the save points (epoch ends, or every save_freq
+    # batches: the same everywhere), never save_best_only's decision. Here
+    # mode="max" on a falling loss writes at the first epoch only; the
+    # stand-in wait (a counter) must still run at every save point.
+    # (Keras 3.15 itself fails save_best_only with an integer save_freq
+    # before the first epoch ends: monitor_op is still None.)
+    x, y = _data()
+    model = _model()
+    writes, waits = [], {"best": [], "batches": []}
+    real_save = model.save
+
+    def save(filepath, **kwargs):
+        writes.append((os.path.basename(filepath), mk.checkpoint_waits_after()))
+        return real_save(filepath, **kwargs)
+
+    model.save = save
+    best = mk.ModelCheckpoint(str(tmp_path / "best.keras"), monitor="loss", mode="max",
+                              save_best_only=True)
+    batches = mk.ModelCheckpoint(str(tmp_path / "b.keras"), save_freq=2)
+    for name, cb in (("best", best), ("batches", batches)):
+        cb._after_save = lambda w=waits[name]: w.append(mk.checkpoint_waits_after())
+    model.fit(x, y, batch_size=16, epochs=3, verbose=0, callbacks=[best, batches],
+              shuffle=False)
+    # 3 epoch ends; 4 batches a epoch, every 2nd: 6; each wait after its save.
+    assert waits == {"best": [False] * 3, "batches": [False] * 6}
+    assert writes.count(("best.keras", True)) == 1      # decided once to write, 3 waits
+    assert writes.count(("b.keras", True)) == 6         # Model.save leaves its wait to us
+    assert len(writes) == 7 and not mk.checkpoint_waits_after()
+    one_process = mk.ModelCheckpoint(str(tmp_path / "e{epoch}.keras"))
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[one_process])
+    assert one_process._after_save is None        # no cluster: nothing to wait for
