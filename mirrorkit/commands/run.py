@@ -97,6 +97,14 @@ def run(simulate_cpus: int | None, strategy: str | None, scale_batch: bool | Non
     tf.data.Dataset with drop_remainder=True yourself.
 
     \b
+    One-device check (--compare-one-device): each model's first fit on 2+
+    replicas first trains one step on its first global batch both ways (the
+    model's own step, and a one-device copy from its config, weights and
+    optimizer state), prints one "mirrorkit: one-device check:" line (same,
+    differs as expected, DIFFERENT with the likely cause, or not checked),
+    then restores every variable: the fit trains as without the flag.
+
+    \b
     Examples:
       mirrorkit run --simulate-cpus 2 apps/plain_keras_script.py --epochs 3
       mirrorkit run --scale-batch train.py --batch-size 64   # 64 per replica

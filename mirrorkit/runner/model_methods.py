@@ -90,6 +90,12 @@ def _method_wrapper(method: Callable[..., Any], scale: bool, warned: set[str],
 
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         replicas = model_replicas(self)
+        if checked is not None and replicas == 1 and method.__name__ == "fit" \
+                and self not in checked:
+            from mirrorkit.runner.one_device_check import single_replica
+
+            checked.add(self)
+            single_replica(self)
         if (replicas == 1 and not speeds_up) or kwargs.get("_use_cached_eval_dataset"):
             # Nothing to split, or fit's own validation pass (data already prepared).
             return method(self, *args, **kwargs)

@@ -53,7 +53,7 @@ from mirrorkit.runner.one_device_verdict import PREFIX, Context, Step, Verdict, 
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_fit"]
+__all__ = ["check_fit", "single_replica"]
 
 
 def check_fit(model: Any, bound: inspect.BoundArguments, replicas: int) -> Verdict:
@@ -72,7 +72,7 @@ def check_fit(model: Any, bound: inspect.BoundArguments, replicas: int) -> Verdi
         >>> check_fit(model, bound, 2).line                        # doctest: +SKIP
         'mirrorkit: one-device check: same (largest relative difference 3.1e-07 ...)'
     """
-    suffix = f" [model {getattr(model, 'name', type(model).__name__)!r}, {replicas} replicas]"
+    suffix = _suffix(model, replicas)
     try:
         verdict = _check(model, bound, replicas)
     except (first_batch.NotPeekable, CannotCopy) as err:
@@ -83,6 +83,24 @@ def check_fit(model: Any, bound: inspect.BoundArguments, replicas: int) -> Verdi
     level = logging.WARNING if verdict.kind == "different" else logging.INFO
     logger.log(level, "%s", verdict.line + suffix, extra={"verbatim": True})
     return verdict
+
+
+def single_replica(model: Any) -> Verdict:
+    """Say that ``model`` trains on one replica: there is no distributed step to check.
+
+    Example:
+        >>> single_replica(model).line                              # doctest: +SKIP
+        'mirrorkit: one-device check: not checked: the model trains on 1 replica ...'
+    """
+    verdict = Verdict("not-checked", f"{PREFIX}not checked: the model trains on 1 replica, "
+                                     "nothing to compare (on a CPU host: --simulate-cpus N)")
+    logger.info("%s", verdict.line + _suffix(model, 1), extra={"verbatim": True})
+    return verdict
+
+
+def _suffix(model: Any, replicas: int) -> str:
+    return f" [model {getattr(model, 'name', type(model).__name__)!r}, {replicas} " \
+           f"replica{'' if replicas == 1 else 's'}]"
 
 
 def _first_line(err: BaseException) -> str:

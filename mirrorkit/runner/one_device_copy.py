@@ -166,8 +166,9 @@ def _copy(model: Any) -> Any:
 
 
 def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return text[0][:160] if text else ""
+    # Keras wraps its messages over several lines: one line, its start.
+    text = " ".join(str(err).split())
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def _fresh(value: Any) -> Any:
