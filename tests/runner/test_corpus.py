@@ -10,10 +10,15 @@ Each runs in a fresh temporary working directory:
 * ``launch``: ``python -m mirrorkit launch -n 2 -- mirrorkit run script.py``
   (the chief's ``[0]`` line is compared; every worker must print one).
 
-Every mirrorkit mode must exit 0 and agree with the plain run: lists and
-strings (shapes, file names) exactly, numbers within the script's tolerance
-(``TOLERANCE``: what its randomness and the 2-replica batch split allow).
-At most two TensorFlow processes run at once (a launch counts as two).
+Every mirrorkit mode must exit 0 and agree with the plain run: names, lists
+and strings (shapes, file names) exactly, numbers per key (``TOLERANCE``:
+measured, relative, what float32 summation over 2 replicas allows where both
+see the same batches, and what Dropout masks or BatchNormalization statistics
+drawn per replica allow where they do not). Besides its own numbers each
+script reports, through ``corpus_report.py``, the auto-generated names it can
+see and the first training step: the loss Keras logs for the first batch and
+every weight's first update. At most two TensorFlow processes run at once (a
+launch counts as two).
 
 The training-loop scripts of ``tests/fixtures/scripts/`` (the TensorFlow
 custom-training tutorial, keras.io's GAN and loop from scratch, the
@@ -24,6 +29,7 @@ instead of printed numbers, so they are not run twice.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import subprocess
 import sys
@@ -39,24 +45,85 @@ pytestmark = pytest.mark.slow
 CORPUS = REPO / "tests" / "fixtures" / "corpus"
 TAG = "CORPUS_RESULT "
 MODES = ("plain", "run", "launch")
-# Absolute tolerance on every number a script reports, per script. Training
-# runs 1-2 epochs from the same seed; 2 replicas change the summation order
-# (and, where the script sizes its batch by num_replicas_in_sync, the batch).
-TOLERANCE = {
-    "pydataset_dict": 0.1,
-    "transfer_learning": 0.1,
-    "image_folders": 0.25,         # 10 training steps on BatchNorm statistics
-    "save_callbacks": 0.1,
-    "custom_metric": 0.1,
-    "gradient_accumulation": 0.1,  # Dropout draws differ per replica
+
+# Every number a script reports is compared relatively: |mode - plain| <= tol * |plain|;
+# a list of floats (a weight update) as a whole: max|mode - plain| <= tol * max|plain|;
+# ``None``: its length only. A key takes the first pattern (fnmatch, dotted) it matches;
+# a number that matches none fails, so a new key needs its tolerance here.
+# Measured on 2 cores (TF 2.21, Keras 3.15), two rounds of all three modes: every mode
+# repeats itself bit for bit, and ``run`` and ``launch`` give the same numbers, so the
+# differences below are the replica split's, not seed noise.
+SAME_ORDER = {
+    # The first batch's loss and every training number where both modes see the same
+    # batches: measured at most 6.5e-8 (custom_metric's last train loss), 0 elsewhere.
+    "*loss": 1e-6, "*accuracy": 1e-6, "*true_positives": 1e-6,
+    # The seeded initial weights: identical (0).
+    "*first_step.initial_abs_sum.*": 0.0,
+    # Adam's and RMSprop's first update is lr * g / (|g| + eps): a gradient that float32
+    # summation over 2 replicas moves by 1e-7 can move a near-zero entry's update by
+    # more; measured at most 1.94e-5 of the largest update (save_callbacks' first kernel).
+    # (That update is about lr * sign(g), so it shows a wrong gradient direction or wrong
+    # batch; a wrong scale shows in the loss.)
+    "*first_step.update.*": 5e-5,
 }
-# Keys compared tightly whatever the script's tolerance (exact by design).
-EXACT_NUMBERS = {"predict_on_batch_vs_call": 1e-5, "test_on_batch_vs_evaluate": 1e-5,
-                 "reloaded_loss_diff": 1e-6, "score_sum": 1e-5,
+TOLERANCE = {
+    "custom_metric": SAME_ORDER,
+    "save_callbacks": SAME_ORDER,
+    "pydataset_dict": SAME_ORDER,  # see KNOWN_MISMATCH
+    "transfer_learning": {
+        # The pretraining fit has no Dropout: same batches, same steps (measured 0 on the
+        # loss, 2.2e-6 on the update).
+        **{"pretrain_" + k: v for k, v in SAME_ORDER.items()},
+        # Dropout(0.2) under the new head draws its masks per replica (each replica's
+        # half batch gets the mask of the first half): measured first-step loss 2.8e-2,
+        # fit's last loss 2.3e-2, test_on_batch 5.1e-2, train_on_batch 1.9e-2, and the
+        # update changes sign in places (2.0 of the largest) -> twice those, update by size.
+        "first_step.initial_abs_sum.*": 0.0, "first_step.update.*": None,
+        "first_step.*loss": 6e-2, "train_loss": 5e-2, "test_on_batch_loss": 0.1,
+        "train_on_batch_loss": 4e-2,
+    },
+    "gradient_accumulation": {
+        # evaluate() before fit: no Dropout at inference, so exact (measured 0).
+        "initial_*": 1e-6, "first_step.initial_abs_sum.*": 0.0,
+        # Dropout(0.25) draws per replica, as above: measured first-step loss 6.8e-3,
+        # the loss at the first update (batch 3) 4.7e-3, first epoch 6.2e-4, last 1.4e-2,
+        # test loss 9.4e-3, accuracy 1.2e-2; the update flips sign in places -> twice
+        # those, the update by size.
+        "first_step.update.*": None, "first_step.*loss": 1.4e-2, "first_epoch_loss": 1.3e-3,
+        "last_epoch_loss": 3e-2, "test_loss": 2e-2, "test_accuracy": 2.4e-2,
+    },
+    "image_folders": {
+        # evaluate() before fit: BatchNormalization's initial moving statistics, exact
+        # (measured 0); val_accuracy measured 0, the softmax sum 1.2e-7.
+        "initial_*": 1e-6, "first_step.initial_abs_sum.*": 0.0, "val_accuracy": 1e-6,
+        # BatchNormalization (not synchronised) normalises each replica's 16 images
+        # instead of 32: measured first-step loss 5.0e-2, last train loss 2.8e-3; the
+        # update flips sign in places -> twice those, the update by size.
+        "first_step.update.*": None, "first_step.*loss": 0.1, "train_loss": 6e-3,
+    },
+}
+# Keys that are differences or sums by design: absolute bounds whatever the script.
+EXACT_NUMBERS = {"predict_on_batch_vs_call": 1e-6, "test_on_batch_vs_evaluate": 1e-6,
+                 "reloaded_loss_diff": 1e-6, "score_sum": 1e-6,
                  # The script's own arrays after training: TensorFlow must not write into them.
                  "sample_weight_sum": 0.0}
-# Counts that scale with the data, not the model: within 10% of the plain run.
-RELATIVE = {"train_true_positives": 0.1, "test_true_positives": 0.1}
+# A mismatch with plain Python found by the corpus, not yet fixed: (patterns of the keys
+# it moves, each with the bound the mismatch itself stays within, and why). Those keys are
+# compared at TOLERANCE all the same: the test is an expected failure while they differ
+# (every other key must still agree), fails beyond the bound, and fails once they agree,
+# so that the entry is removed with the fix.
+KNOWN_MISMATCH = {
+    "pydataset_dict": ({
+        # Measured: first-step loss 1.5e-2, last train loss 2.4e-3, test loss 9.0e-4,
+        # test accuracy 0.127, weighted accuracy 0.130; the update flips sign -> twice those.
+        "first_step.update.*": None, "first_step.*loss": 3e-2, "train_loss": 5e-3,
+        "test_results.loss": 2e-3, "test_results.*accuracy": 0.26},
+        "under any tf.distribute strategy Keras's TensorFlowTrainer._maybe_symbolic_build "
+        "peeks one batch before each fit and restarts the iterator, so a PyDataset's "
+        "shuffle (fit's default) draws Python's random once more: epoch 1 trains in the "
+        "order plain Python uses for epoch 2 (plain Python with that draw thrown away "
+        "gives this mode's numbers within 5e-6)"),
+}
 SCRIPTS = sorted(TOLERANCE)
 
 
@@ -120,24 +187,83 @@ def corpus_result(proc: subprocess.CompletedProcess, mode: str) -> dict:
     return json.loads(lines[-1].split(TAG, 1)[1])
 
 
-def differences(name: str, expected, actual, key: str = "") -> list[str]:
-    """Where ``actual`` disagrees with ``expected`` beyond the script's tolerance."""
+def _tolerance(table: dict, key: str):
+    """``(found, tol)``: the first pattern of ``table`` that ``key`` matches."""
+    for pattern, tol in table.items():
+        if fnmatch.fnmatchcase(key, pattern):
+            return True, tol
+    return False, None
+
+
+def _floats(value) -> bool:
+    return isinstance(value, list) and bool(value) and \
+        all(isinstance(v, float) for v in value)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _agrees(expected, actual, tol) -> bool:
+    if _floats(expected):
+        if not isinstance(actual, list) or len(actual) != len(expected):
+            return False
+        if tol is None:
+            return True
+        scale = max(abs(v) for v in expected)
+        return max(abs(a - e) for a, e in zip(actual, expected)) <= tol * scale
+    return _number(actual) and abs(actual - expected) <= tol * abs(expected)
+
+
+def differences(name: str, expected, actual, key: str = "", table=None) -> list[str]:
+    """Where ``actual`` disagrees with ``expected`` beyond the script's tolerances.
+
+    Strings, booleans, integers and lists that are not all floats (names,
+    shapes, file lists, counts) must be equal; floats and float lists are
+    compared per key (``TOLERANCE``, ``EXACT_NUMBERS``).
+    """
+    table = TOLERANCE[name] if table is None else table
     if isinstance(expected, dict):
-        if set(expected) != set(actual):
-            return [f"{key}: keys {sorted(actual)} != {sorted(expected)}"]
+        if not isinstance(actual, dict) or set(expected) != set(actual):
+            keys = sorted(actual) if isinstance(actual, dict) else actual
+            return [f"{key}: keys {keys} != {sorted(expected)}"]
         return [d for k in expected for d in
-                differences(name, expected[k], actual[k], f"{key}.{k}" if key else k)]
+                differences(name, expected[k], actual[k], f"{key}.{k}" if key else k, table)]
     leaf = key.rsplit(".", 1)[-1]
-    if isinstance(expected, float) and isinstance(actual, (int, float)) \
-            and not isinstance(expected, bool):
-        if leaf in EXACT_NUMBERS:
-            ok = abs(actual - expected) <= EXACT_NUMBERS[leaf]
-        elif leaf in RELATIVE:
-            ok = abs(actual - expected) <= RELATIVE[leaf] * max(abs(expected), 1.0)
+    if isinstance(expected, float) or _floats(expected):
+        if leaf in EXACT_NUMBERS and isinstance(expected, float):
+            ok = _number(actual) and abs(actual - expected) <= EXACT_NUMBERS[leaf]
         else:
-            ok = abs(actual - expected) <= TOLERANCE[name]
-        return [] if ok else [f"{key}: {actual} vs plain {expected}"]
+            found, tol = _tolerance(table, key)
+            if not found:
+                return [f"{key}: no tolerance for this number in TOLERANCE[{name!r}]"]
+            ok = _agrees(expected, actual, tol)
+        if ok:
+            return []
+        if _floats(expected) and isinstance(actual, list) and len(actual) == len(expected):
+            worst = max(abs(a - e) for a, e in zip(actual, expected))
+            return [f"{key}: differs by {worst:.3g}, largest plain value "
+                    f"{max(abs(v) for v in expected):.3g}"]
+        return [f"{key}: {actual} vs plain {expected}"]
     return [] if actual == expected else [f"{key}: {actual!r} vs plain {expected!r}"]
+
+
+def _key(diff: str) -> str:
+    return diff.split(":", 1)[0]
+
+
+def verdict(name: str, expected: dict, actual: dict) -> tuple[list[str], list[str]]:
+    """``(failures, known)``: differences that fail, and those of ``KNOWN_MISMATCH``."""
+    diffs = differences(name, expected, actual)
+    if name not in KNOWN_MISMATCH:
+        return diffs, []
+    bounds, _ = KNOWN_MISMATCH[name]
+    known = [d for d in diffs if _tolerance(bounds, _key(d))[0]]
+    failures = [d for d in diffs if d not in known]
+    # Past the bound the mismatch is no longer the known one.
+    failures += [d for d in differences(name, expected, actual, table={**bounds, "*": 0.0})
+                 if _key(d) in {_key(k) for k in known}]
+    return failures, known
 
 
 @pytest.fixture(scope="module")
@@ -156,8 +282,12 @@ def test_corpus_script_agrees_with_plain_python(corpus, name, mode):
     assert plain.returncode == 0, f"the plain run fails: {_tail(plain)}"
     proc = corpus[name, mode]
     assert proc.returncode == 0, _tail(proc)
-    diffs = differences(name, corpus_result(plain, "plain"), corpus_result(proc, mode))
-    assert not diffs, f"{name} under {mode}: " + "; ".join(diffs)
+    failures, known = verdict(name, corpus_result(plain, "plain"), corpus_result(proc, mode))
+    assert not failures, f"{name} under {mode}: " + "; ".join(failures)
+    if name in KNOWN_MISMATCH:
+        assert known, f"{name} under {mode} now agrees with plain Python: remove its " \
+                      "KNOWN_MISMATCH entry (and the README's line about it)"
+        pytest.xfail(f"{KNOWN_MISMATCH[name][1]}: " + "; ".join(known))
 
 
 if __name__ == "__main__":  # a table: PYTHONPATH=tests python tests/runner/test_corpus.py [names]
@@ -176,7 +306,8 @@ if __name__ == "__main__":  # a table: PYTHONPATH=tests python tests/runner/test
                 print(f"{n:22s} {m:7s} FAIL exit {p.returncode}: {err[-1] if err else ''}")
                 continue
             try:
-                diffs = [] if m == "plain" else differences(n, plain, corpus_result(p, m))
+                diffs, known = ([], []) if m == "plain" else verdict(n, plain, corpus_result(p, m))
             except AssertionError as e:
-                diffs = [str(e)[:200]]
-            print(f"{n:22s} {m:7s} {'ok' if not diffs else 'DIFF ' + '; '.join(diffs)}")
+                diffs, known = [str(e)[:200]], []
+            line = "ok" if not diffs else "DIFF " + "; ".join(diffs)
+            print(f"{n:22s} {m:7s} {line}" + (f"  KNOWN {'; '.join(known)}" if known else ""))
