@@ -39,7 +39,12 @@ _KERAS_DEFAULT_BATCH = 32
 
 
 class NotPeekable(ValueError):
-    """The input's first batch cannot be taken without changing what ``fit`` sees."""
+    """The input's first batch cannot be taken without changing what ``fit`` sees.
+
+    Example:
+        >>> str(NotPeekable("fit was given no x"))
+        'fit was given no x'
+    """
 
 
 def _prepend(first: Any, rest: Iterator[Any]) -> Iterator[Any]:

@@ -48,7 +48,13 @@ import numpy as np
 
 from mirrorkit.patching import engine
 from mirrorkit.runner import first_batch
-from mirrorkit.runner.one_device_copy import QUIET, CannotCopy, one_device_step, run_step
+from mirrorkit.runner.one_device_copy import (
+    QUIET,
+    CannotCopy,
+    one_device_step,
+    one_line,
+    run_step,
+)
 from mirrorkit.runner.one_device_verdict import PREFIX, Context, Step, Verdict, compare
 
 logger = logging.getLogger(__name__)
@@ -79,7 +85,7 @@ def check_fit(model: Any, bound: inspect.BoundArguments, replicas: int) -> Verdi
         verdict = Verdict("not-checked", f"{PREFIX}not checked: {err}")
     except Exception as err:  # noqa: BLE001 -- the check must never break the script
         verdict = Verdict("not-checked", f"{PREFIX}not checked: {type(err).__name__}: "
-                                         f"{_first_line(err)}")
+                                         f"{one_line(err)}")
     level = logging.WARNING if verdict.kind == "different" else logging.INFO
     logger.log(level, "%s", verdict.line + suffix, extra={"verbatim": True})
     return verdict
@@ -101,11 +107,6 @@ def single_replica(model: Any) -> Verdict:
 def _suffix(model: Any, replicas: int) -> str:
     return f" [model {getattr(model, 'name', type(model).__name__)!r}, {replicas} " \
            f"replica{'' if replicas == 1 else 's'}]"
-
-
-def _first_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return lines[0][:200] if lines else ""
 
 
 def _check(model: Any, bound: inspect.BoundArguments, replicas: int) -> Verdict:

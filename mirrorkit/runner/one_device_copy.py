@@ -23,7 +23,7 @@ import numpy as np
 from mirrorkit.patching import engine
 from mirrorkit.runner.one_device_verdict import Step
 
-__all__ = ["CannotCopy", "QUIET", "one_device_step", "run_step"]
+__all__ = ["CannotCopy", "QUIET", "one_device_step", "one_line", "run_step"]
 
 # Layers whose training-time randomness is switched off for the check, and
 # the attribute that does it: each draws its masks per replica, so N
@@ -34,7 +34,12 @@ QUIET = {"Dropout": "rate", "SpatialDropout1D": "rate", "SpatialDropout2D": "rat
 
 
 class CannotCopy(RuntimeError):
-    """The model has no faithful one-device copy (the message says why)."""
+    """The model has no faithful one-device copy (the message says why).
+
+    Example:
+        >>> str(CannotCopy("GAN overrides compile()"))
+        'GAN overrides compile()'
+    """
 
 
 def run_step(model: Any, batch: tuple[Any, Any, Any], class_weight: Any,
@@ -158,15 +163,20 @@ def _copy(model: Any) -> Any:
             copy = type(model).from_config(config)
     except Exception as err:  # noqa: BLE001 -- any failure means: no copy
         raise CannotCopy(f"{type(model).__name__} cannot be rebuilt from its config "
-                         f"({type(err).__name__}: {_first_line(err)})") from err
+                         f"({type(err).__name__}: {one_line(err)})") from err
     if type(copy) is not type(model):
         raise CannotCopy(f"its config rebuilds a {type(copy).__name__}, not a "
                          f"{type(model).__name__}")
     return copy
 
 
-def _first_line(err: BaseException) -> str:
-    # Keras wraps its messages over several lines: one line, its start.
+def one_line(err: BaseException) -> str:
+    """``err``'s message on one line, at most 200 characters (Keras wraps its messages).
+
+    Example:
+        >>> one_line(ValueError("Object Wrapped was created by passing\\nnon-serializable"))
+        'Object Wrapped was created by passing non-serializable'
+    """
     text = " ".join(str(err).split())
     return text if len(text) <= 200 else text[:197] + "..."
 
@@ -195,7 +205,7 @@ def _compile_like(copy: Any, model: Any) -> None:
         fresh_optimizer = type(optimizer).from_config(optimizer.get_config())
     except Exception as err:  # noqa: BLE001
         raise CannotCopy(f"its optimizer {type(optimizer).__name__} cannot be rebuilt from "
-                         f"its config ({_first_line(err)})") from err
+                         f"its config ({one_line(err)})") from err
     copy.compile(optimizer=fresh_optimizer, loss=config.get("loss"),
                  loss_weights=config.get("loss_weights"), metrics=_fresh(config.get("metrics")),
                  weighted_metrics=_fresh(config.get("weighted_metrics")),

@@ -225,8 +225,8 @@ def compare(distributed: Step, one: Step, *, old: Sequence[np.ndarray],
     items += [_update_item(name, a, b, o) for name, a, b, o
               in zip(names, distributed.updates, one.updates, old)]
     largest = max((i.relative for i in items), default=0.0)
-    quieted = (f"; {', '.join(context.quieted[:3])} switched off for the check (dropout "
-               "masks are drawn per replica)" if context.quieted else "")
+    quieted = (f"; {', '.join(context.quieted[:3])} switched off for the check: each "
+               "replica draws its own dropout mask" if context.quieted else "")
     differing = [i for i in items if i.relative > tolerance]
     if not differing:
         return Verdict("same", f"{PREFIX}same (largest relative difference {largest:.1e} "

@@ -1,6 +1,6 @@
 """``mirrorkit run --compare-one-device``: the distributed step checked against one device.
 
-One fixture script (tests/fixtures/one_device_check/models.py) holds six
+One fixture script (tests/fixtures/one_device_check/models.py) holds seven
 models, each fit once, so each first fit is checked in one process. It runs
 three times, concurrently: with the flag; with the flag and the
 ``scalar-losses`` fix turned off (its upstream failure: the loss and the
@@ -86,9 +86,16 @@ def test_two_outputs_with_loss_weights_and_sample_weights_are_the_same(runs):
 def test_dropout_and_batch_norm_are_explained_not_an_alarm(runs):
     line = runs["flag"][1]["dropout_bn"]
     assert "one-device check: differs as expected: BatchNormalization" in line, line
-    assert "per-replica batch statistics (16 examples each instead of 32)" in line
-    assert "dropout switched off for the check" in line
+    assert "per-replica batch statistics (16 examples each instead of 32)" in line, line
+    assert re.search(r"dropout\w* switched off for the check", line), line
     assert "DIFFERENT" not in line
+
+
+def test_dropout_alone_is_switched_off_not_a_false_alarm(runs):
+    line = runs["flag"][1]["dropout_only"]
+    assert "one-device check: same (" in line and "over loss, 1 metric and 4 variables" in line
+    assert re.search(r"; dropout\w* switched off for the check: each replica draws its own "
+                     r"dropout mask\)", line), line
 
 
 def test_a_custom_train_step_is_checked(runs):
