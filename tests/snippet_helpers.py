@@ -15,13 +15,13 @@ def errors(fn: Callable[[], Any]) -> str | None:
 
 
 def without_fix(name: str, fn: Callable[[], Any]) -> str:
-    """Disable mirrorkit's compat fix ``name``, call ``fn``; return upstream's error text.
+    """Disable mirrorkit's compat fix ``name`` (``"a,b"``: several), call ``fn``; return upstream's error.
 
     ``"no error"`` when ``fn`` succeeded, i.e. upstream no longer needs the fix.
     """
     from mirrorkit import compat
 
-    compat.apply(disable=[name])
+    compat.apply(disable=name.split(","))
     try:
         fn()
     except Exception as err:  # whatever upstream raises is what the test records

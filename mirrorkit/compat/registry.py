@@ -17,7 +17,7 @@ module each: :mod:`~mirrorkit.compat.symbolic_build`,
 :mod:`~mirrorkit.compat.generator_copies`, :mod:`~mirrorkit.compat.accumulation`,
 :mod:`~mirrorkit.compat.layer_losses`, :mod:`~mirrorkit.compat.scalar_losses`,
 :mod:`~mirrorkit.compat.symbolic_names`, :mod:`~mirrorkit.compat.no_gradient_losses`,
-:mod:`~mirrorkit.compat.logged_losses`. One more is a process setting, not a Keras
+:mod:`~mirrorkit.compat.logged_losses`, :mod:`~mirrorkit.compat.symbolic_order`. One more is a process setting, not a Keras
 patch (:mod:`~mirrorkit.compat.allocator`, ``malloc-thresholds``): :func:`apply`
 runs it and it is turned off by name like the others, but it is not in
 :data:`FIXES` and not in :func:`apply`'s result.
@@ -52,6 +52,7 @@ from mirrorkit.compat import (
     step_variables,
     symbolic_build,
     symbolic_names,
+    symbolic_order,
 )
 from mirrorkit.compat.fix import Decision, Fix, FixUnavailable
 from mirrorkit.patching import switches
@@ -138,6 +139,9 @@ FIXES: dict[str, Fix] = {fix.name: fix for fix in (
         also=(("keras.src.losses.loss", "__call__", "Loss", logged_losses.make_loss_call),
               ("keras.src.trainers.trainer", "compute_loss", "Trainer",
                logged_losses.make_compute_loss))),
+    # Stacks on symbolic-build's wrapper of the same method.
+    Fix("symbolic-build-order", "fit trains in another data order under a strategy",
+        (_TRAINER, "_maybe_symbolic_build", "TensorFlowTrainer"), symbolic_order.make),
 )}
 
 # Per process: each fix's decision (probes run once) and the fixes whose
@@ -246,10 +250,14 @@ def apply(*, disable: Iterable[str] | None = None, strategy: Any = None) -> dict
     if not _keras_is_tensorflow():
         # Other backends never reach the TF trainer; nothing to patch.
         return {name: NOT_NEEDED for name in FIXES}
+    if any(FIXES[name].is_applied() for name in skip if name in FIXES):
+        # A fix may sit under another's wrapper of the same function: take
+        # every fix off, newest first, and put the enabled ones back in order.
+        for fix in reversed(FIXES.values()):
+            fix.revert()
     result: dict[str, str] = {}
     for name, fix in FIXES.items():
         if name in skip:
-            fix.revert()
             result[name] = DISABLED
         else:
             result[name] = _apply_one(fix, strategy)

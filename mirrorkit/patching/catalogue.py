@@ -139,6 +139,12 @@ _FIXES = (
          "keras-logged-step-loss: under N replicas a custom train_step that logs the loss it "
          "computed with a keras.metrics.Mean reports 1/N of the one-device loss.",
          "tests/compat/test_step_losses.py"),
+    _fix("symbolic-build-order", (f"{_TRAINER}._maybe_symbolic_build",),
+         "builds the model from the input's element_spec instead of a peeked batch (else "
+         "peeks and puts Python's and NumPy's random states back)",
+         "keras-symbolic-build-order: under a strategy the batch peeked before fit draws the "
+         "input's randomness once more (a reshuffled tf.data pipeline, a PyDataset), so fit "
+         "trains in another order than plain Python.", "tests/compat/test_symbolic_names.py"),
     _fix("malloc-thresholds",
          ("glibc mallopt(M_MMAP_THRESHOLD, M_TRIM_THRESHOLD)",
           "tensorflow.python.distribute.distribute_lib.StrategyBase."

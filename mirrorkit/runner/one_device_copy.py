@@ -68,7 +68,17 @@ def run_step(model: Any, batch: tuple[Any, Any, Any], class_weight: Any,
             break
     if logs is None:
         raise CannotCopy("the batch gave no training step")
-    return {k: np.asarray(v) for k, v in logs.items()}
+    # What fit reports for the epoch: the metrics read across the replicas. A
+    # step's own logs hold each replica's result, averaged, which for a
+    # weighted metric is not the global batch's value.
+    report = getattr(model, "_get_metrics_result_or_logs", None)
+    logs = report(logs) if report is not None else logs
+    flat: dict[str, np.ndarray] = {}
+    for key, value in logs.items():
+        # A custom train_step returning {m.name: m.result()} nests compile_metrics.
+        items = value.items() if isinstance(value, dict) else ((key, value),)
+        flat.update((k, np.asarray(v)) for k, v in items)
+    return flat
 
 
 def _rows(batch: Any) -> int:

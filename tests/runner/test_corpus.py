@@ -69,7 +69,7 @@ SAME_ORDER = {
 TOLERANCE = {
     "custom_metric": SAME_ORDER,
     "save_callbacks": SAME_ORDER,
-    "pydataset_dict": SAME_ORDER,  # see KNOWN_MISMATCH
+    "pydataset_dict": SAME_ORDER,
     "transfer_learning": {
         # The pretraining fit has no Dropout: same batches, same steps (measured 0 on the
         # loss, 2.2e-6 on the update).
@@ -112,17 +112,9 @@ EXACT_NUMBERS = {"predict_on_batch_vs_call": 1e-6, "test_on_batch_vs_evaluate": 
 # compared at TOLERANCE all the same: the test is an expected failure while they differ
 # (every other key must still agree), fails beyond the bound, and fails once they agree,
 # so that the entry is removed with the fix.
-KNOWN_MISMATCH = {
-    "pydataset_dict": ({
-        # Measured: first-step loss 1.5e-2, last train loss 2.4e-3, test loss 9.0e-4,
-        # test accuracy 0.127, weighted accuracy 0.130; the update flips sign -> twice those.
-        "first_step.update.*": None, "first_step.*loss": 3e-2, "train_loss": 5e-3,
-        "test_results.loss": 2e-3, "test_results.*accuracy": 0.26},
-        "under any tf.distribute strategy Keras's TensorFlowTrainer._maybe_symbolic_build "
-        "peeks one batch before each fit and restarts the iterator, so a PyDataset's "
-        "shuffle (fit's default) draws Python's random once more: epoch 1 trains in the "
-        "order plain Python uses for epoch 2 (plain Python with that draw thrown away "
-        "gives this mode's numbers within 5e-6)"),
+KNOWN_MISMATCH: dict[str, tuple[dict, str]] = {
+    # pydataset_dict was one (a shuffled PyDataset trained in epoch 2's order) until the
+    # symbolic-build-order fix.
 }
 SCRIPTS = sorted(TOLERANCE)
 
