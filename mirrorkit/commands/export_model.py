@@ -22,7 +22,8 @@ def export_model(run_dir: Path, fmt: str, output: Path | None) -> None:
     of any size with the model's channels, scales and resizes them as
     training did, and returns {"probabilities": [batch, classes]}. It loads
     with tf.saved_model.load or TensorFlow Serving, without mirrorkit.
-    Nothing is overwritten.
+    Nothing is overwritten. An empty, truncated or damaged model.keras is
+    named in one line before TensorFlow starts.
 
     \b
     Examples:
@@ -42,12 +43,22 @@ def export_model(run_dir: Path, fmt: str, output: Path | None) -> None:
         if target.exists():
             raise FileExistsError(f"{target} already exists; nothing was overwritten. Pass "
                                   "--output with a new folder.")
+        from mirrorkit.training.run_files import check_model_archive
+
+        # Before TensorFlow loads: Keras calls an empty or cut-short file "not found".
+        check_model_archive(source)
         import keras
 
         import mirrorkit.schedules  # noqa: F401 -- registers WarmupSchedule for load_model
         from mirrorkit.training.serving import export_saved_model
 
-        model = keras.models.load_model(source)   # safe mode: no code from the file
+        try:
+            model = keras.models.load_model(source)   # safe mode: no code from the file
+        except (ValueError, TypeError, KeyError, OSError) as err:
+            # A whole archive whose content Keras cannot rebuild (edited config, other model).
+            raise ValueError(f"{source} is a zip archive Keras cannot load as a model: "
+                             f"{type(err).__name__}: {' '.join(str(err).split())[:300]}") \
+                from err
         export_saved_model(model, target)
     click.echo(f"wrote {target}/ ({fmt}: serving_default takes uint8 images "
                f"[batch, height, width, {model.input_shape[-1]}])")

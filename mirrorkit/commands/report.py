@@ -15,7 +15,8 @@ from mirrorkit.commands._common import user_errors
 @click.option("--png", type=click.Path(dir_okay=False, path_type=Path), default=None,
               metavar="FILE", help="Where to draw loss, accuracy and images/s over epochs, "
               "every run overlaid. Default: RUN_DIR/report.png for one run, report.png here "
-              "for several.")
+              "for several; a folder that cannot be written gets it in a new temporary folder "
+              "instead (said in the last line).")
 def report(run_dirs: tuple[Path, ...], png: Path | None) -> None:
     """Summarise runs (config, result, targets, throughput per epoch) and plot them.
 
@@ -27,14 +28,16 @@ def report(run_dirs: tuple[Path, ...], png: Path | None) -> None:
       mirrorkit report runs/20261203-101500-cnn-digits
       mirrorkit report runs/a runs/b --png compare.png
     """
-    from mirrorkit.training.run_report import load_run, plot, summary
+    from mirrorkit.training.run_report import check_png, load_run, summary, write_plot
 
     with user_errors():
-        runs = [load_run(path) for path in run_dirs]   # all checked before anything is written
-        for i, run in enumerate(runs):
-            if i:
-                click.echo()
-            click.echo(summary(run))
-        target = png or (runs[0].path / "report.png" if len(runs) == 1 else Path("report.png"))
-        plot(runs, target)
-    click.echo(f"\nwrote {target}")
+        # Everything is checked before anything is printed or written.
+        runs = [load_run(path) for path in run_dirs]
+        target = check_png(runs, png)
+    for i, run in enumerate(runs):
+        if i:
+            click.echo()
+        click.echo(summary(run))
+    # After the summary nothing fails: an unwritable folder moves or skips the plot.
+    _, line = write_plot(runs, target)
+    click.echo(f"\n{line}")

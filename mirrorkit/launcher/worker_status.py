@@ -30,12 +30,53 @@ from mirrorkit import protocol
 logger = logging.getLogger(__name__)
 
 
+# Beyond these a value is not a measurement (a file edited or from a broken
+# clock): times over a day per step, images/s beyond any accelerator.
+_MAX_MS = 86_400_000.0
+_MAX_IMAGES_PER_SECOND = 1e9
+# A status file is one short JSON line; anything much larger is not one.
+_MAX_BYTES = 64 * 1024
+
+
+def _check_ranges(status: dict[str, Any], path: Path) -> dict[str, Any]:
+    for name, high in (("step_ms", _MAX_MS), ("local_step_ms", _MAX_MS),
+                       ("images_per_second", _MAX_IMAGES_PER_SECOND)):
+        value = status[name]
+        if value is not None and value > high:
+            raise ValueError(f"worker status file {str(path)!r}: `{name}` must be at most "
+                             f"{high:g}. Received: {name}={value!r}")
+    if status["epoch"] < 1:   # written at an epoch's end, counted from 1
+        raise ValueError(f"worker status file {str(path)!r}: `epoch` must be at least 1. "
+                         f"Received: epoch={status['epoch']!r}")
+    return status
+
+
+def _read_one(path: Path) -> dict[str, Any]:
+    """One file, validated (protocol's schema, then plausible ranges); ValueError names it."""
+    size = path.stat().st_size
+    if size > _MAX_BYTES:
+        raise ValueError(f"worker status file {str(path)!r} is {size:,} bytes; a status is "
+                         f"one short JSON line (at most {_MAX_BYTES:,})")
+    try:
+        status = protocol.read_status(path)
+    except UnicodeDecodeError as err:
+        raise ValueError(f"worker status file {str(path)!r} is not UTF-8 text ({err.reason} "
+                         f"at byte {err.start})") from err
+    except RecursionError as err:
+        raise ValueError(f"worker status file {str(path)!r} is not a worker status: JSON "
+                         "nested too deeply to read") from err
+    return _check_ranges(status, path)
+
+
 def read(folder: str | os.PathLike | None) -> list[dict[str, Any]]:
     """The workers' last reports in ``folder``, by rank.
 
-    A file that cannot be read or does not match the status schema (another
-    mirrorkit version's, for one) is skipped with a warning: the summary
-    then lacks that worker's line, the run's outcome does not change.
+    A file that cannot be read, does not match the status schema (another
+    mirrorkit version's, for one) or holds an implausible value (a step over
+    a day, images/s beyond 1e9) is skipped with one warning line naming the
+    file, the field and the value: the summary then lacks that worker's
+    line, the job and its outcome go on unchanged. Two files for one rank
+    (``worker-7.json`` and ``worker-07.json``) keep the first by name.
 
     Example:
         >>> read("/surely/not/a/folder")
@@ -43,13 +84,19 @@ def read(folder: str | os.PathLike | None) -> list[dict[str, Any]]:
     """
     if folder is None or not Path(folder).is_dir():
         return []
-    found = []
+    found: dict[int, dict[str, Any]] = {}
     for path in sorted(Path(folder).glob(protocol.STATUS_GLOB)):
         try:
-            found.append(protocol.read_status(path))
+            status = _read_one(path)
         except (OSError, ValueError) as err:
-            logger.warning("skipping a worker's status: %s", err)
-    return sorted(found, key=lambda s: s["rank"])
+            logger.warning("skipping a worker's status: %s", " ".join(str(err).split()))
+            continue
+        if status["rank"] in found:
+            logger.warning("skipping a worker's status: %r is a second file for rank %d",
+                           str(path), status["rank"])
+            continue
+        found[status["rank"]] = status
+    return [found[rank] for rank in sorted(found)]
 
 
 def lines(statuses: list[dict[str, Any]]) -> list[str]:
@@ -59,7 +106,8 @@ def lines(statuses: list[dict[str, Any]]) -> list[str]:
         >>> lines([])
         []
     """
-    local = [t if isinstance(t, (int, float)) and t > 0 else None
+    # Under a microsecond is no step time (0: not measured); a ratio against it would be inf.
+    local = [t if isinstance(t, (int, float)) and t >= 1e-3 else None
              for t in (s.get("local_step_ms") for s in statuses)]
     out = []
     for i, (status, t) in enumerate(zip(statuses, local)):

@@ -10,19 +10,19 @@ under a second. Several runs can be summarised and overlaid in one PNG
 Example:
     >>> runs = [load_run("runs/a"), load_run("runs/b")]   # doctest: +SKIP
     >>> print(summary(runs[0]))                            # doctest: +SKIP
-    >>> plot(runs, "report.png")                           # doctest: +SKIP
+    >>> write_plot(runs, check_png(runs, "report.png"))     # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import json
+import math
 import os
 from pathlib import Path
 from typing import Any
 
 from mirrorkit.errors import MissingDependency
+from mirrorkit.training import run_files
 from mirrorkit.training.events import EVENTS_FILE, read_events
 
 _PIP_HINT = 'pip install "mirrorkit[bench]"'
@@ -51,7 +51,11 @@ class Run:
 
 
 def load_run(path: str | os.PathLike) -> Run:
-    """Read a run directory; ``ValueError`` (one line) when it is not one.
+    """Read a run directory, every field the report uses checked (:mod:`.run_files`).
+
+    Raises:
+        ValueError: one line, when it is not a run or a file holds a bad field
+            (naming the file, the field and the value).
 
     Example:
         >>> load_run("surely/not/a/run")
@@ -64,25 +68,17 @@ def load_run(path: str | os.PathLike) -> Run:
     if not metrics_file.is_file():
         raise ValueError(f"Not a mirrorkit run: {path} has no metrics.json (a run directory is "
                          f"what `mirrorkit train --output DIR` wrote). Received: {str(path)!r}")
+    # Every field the summary and the plot use is checked here, before anything is printed.
+    metrics = run_files.read_metrics(metrics_file)
+    history = run_files.read_history(path / "history.csv") \
+        if (path / "history.csv").is_file() else []
+    run_files.check_rates(metrics, history, path)
     try:
-        metrics = json.loads(metrics_file.read_text())
-    except ValueError as err:
-        raise ValueError(f"{metrics_file} is not valid JSON ({err}). Received: {str(path)!r}") \
-            from err
-    history = []
-    if (path / "history.csv").is_file():
-        with open(path / "history.csv", newline="") as f:
-            for row in csv.DictReader(f):
-                history.append({k: float(v) for k, v in row.items() if _is_number(v)})
-    return Run(path, metrics, history, read_events(path / EVENTS_FILE))
-
-
-def _is_number(text: str | None) -> bool:
-    try:
-        float(text)  # type: ignore[arg-type]
-        return True
-    except (TypeError, ValueError):
-        return False
+        events = read_events(path / EVENTS_FILE)
+    except (ValueError, RecursionError) as err:   # not UTF-8, or absurdly nested JSON
+        raise ValueError(f"{path / EVENTS_FILE} cannot be read as an event log "
+                         f"({' '.join(str(err).split())[:200]})") from err
+    return Run(path, metrics, history, run_files.check_events(events, str(path / EVENTS_FILE)))
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
@@ -165,40 +161,114 @@ def _workers(m: dict[str, Any]) -> list[str]:
     return lines
 
 
-def plot(runs: list[Run], path: str | os.PathLike) -> Path:
-    """Loss, accuracy and images/s over epochs, one line per run, into a PNG.
-
-    Raises:
-        ImportError: matplotlib missing (the text summary does not need it).
-
-    Example:
-        >>> plot([load_run("runs/a"), load_run("runs/b")], "report.png")   # doctest: +SKIP
-    """
+def _pyplot() -> Any:
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
     except ImportError as err:
         raise MissingDependency(f"The report's PNG needs matplotlib, which is not installed: "
                                 f"{_PIP_HINT}") from err
+    return plt
+
+
+def check_png(runs: list[Run], png: str | os.PathLike | None) -> Path:
+    """Where the PNG goes, checked before anything is printed.
+
+    ``png`` if given (its folder must exist), else ``RUN_DIR/report.png``
+    for one run, ``report.png`` in the current folder for several. An
+    unwritable default is no error: :func:`write_plot` then draws elsewhere.
+
+    Raises:
+        ValueError: ``png`` is a folder, or its folder does not exist.
+        MissingDependency: matplotlib is not installed.
+
+    Example:
+        >>> check_png([load_run("runs/a")], None)             # doctest: +SKIP
+        PosixPath('runs/a/report.png')
+    """
+    _pyplot()
+    if png is None:
+        return runs[0].path / "report.png" if len(runs) == 1 else Path("report.png")
+    png = Path(png)
+    if png.is_dir():
+        raise ValueError(f"--png must name a file, not a folder. Received: --png={str(png)!r}")
+    if not png.parent.is_dir():
+        raise ValueError(f"--png's folder {str(png.parent)!r} does not exist; create it or "
+                         f"pick another path. Received: --png={str(png)!r}")
+    return png
+
+
+def write_plot(runs: list[Run], target: Path) -> tuple[Path | None, str]:
+    """Draw the PNG at ``target``, else in a new temporary folder, else nowhere.
+
+    A run folder on a read-only disk (or one that is not the reader's) still
+    gets its report: the plot goes to a temporary folder and the line says
+    where and why. Whatever was at ``target`` stays as it was unless the new
+    PNG is complete (written beside it, then renamed over it).
+
+    Returns:
+        The PNG's path (None when none could be written) and one line saying so.
+
+    Example:
+        >>> write_plot([load_run("runs/a")], Path("runs/a/report.png"))   # doctest: +SKIP
+        (PosixPath('runs/a/report.png'), 'wrote runs/a/report.png')
+    """
+    import tempfile
+
+    try:
+        return plot(runs, target), f"wrote {target}"
+    except OSError as err:
+        why = f"{target.parent} is not writable ({err.strerror or err})"
+    try:
+        elsewhere = plot(runs, Path(tempfile.mkdtemp(prefix="mirrorkit-report-")) / target.name)
+    except OSError as err:
+        return None, f"skipped the plot: {why}, nor is the temporary folder ({err.strerror})"
+    return elsewhere, f"wrote {elsewhere} instead: {why}"
+
+
+def plot(runs: list[Run], path: str | os.PathLike) -> Path:
+    """Loss, accuracy and images/s over epochs, one line per run, into a PNG.
+
+    The PNG is written beside ``path`` and renamed onto it, so a failed
+    write leaves whatever was there.
+
+    Raises:
+        MissingDependency: matplotlib missing (the text summary does not need it).
+        OSError: ``path`` cannot be written.
+
+    Example:
+        >>> plot([load_run("runs/a"), load_run("runs/b")], "report.png")   # doctest: +SKIP
+    """
+    plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
     fig, axes = plt.subplots(1, 3, figsize=(14, 4), constrained_layout=True)
     for run in runs:
-        epochs = [int(r.get("epoch", i)) + 1 for i, r in enumerate(run.history)]
+        first = run.metrics.get("initial_epoch") or 0
+        epochs = [int(r.get("epoch", i + first)) + 1 for i, r in enumerate(run.history)]
         for ax, keys in zip(axes[:2], (("loss", "val_loss"), ("accuracy", "val_accuracy"))):
             for key, style in zip(keys, ("-", "--")):
-                values = [r.get(key) for r in run.history]
-                if any(v is not None for v in values):
+                values = [r.get(key, math.nan) for r in run.history]   # NA rows: a gap
+                if any(key in r for r in run.history):
                     ax.plot(epochs, values, style, marker="o", label=f"{run.name} {key}")
         rates = run.metrics.get("images_per_second_by_epoch") or []
-        axes[2].plot(epochs[len(epochs) - len(rates):], rates, "-", marker="o", label=run.name)
+        # Without history.csv, the rates were the epochs after initial_epoch.
+        at = (epochs[len(epochs) - len(rates):] if run.history else
+              [first + i + 1 for i in range(len(rates))])
+        axes[2].plot(at, rates, "-", marker="o", label=run.name)
     for ax, title, ylabel in zip(axes, ("Loss", "Accuracy", "Throughput"),
                                  ("loss", "accuracy", "training images/s")):
         ax.set(title=title, xlabel="epoch", ylabel=ylabel)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(fontsize="small")
     path = Path(path)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        fig.savefig(partial, dpi=100, format="png")
+        os.replace(partial, path)
+    finally:
+        plt.close(fig)
+        partial.unlink(missing_ok=True)
     return path
