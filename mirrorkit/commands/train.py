@@ -144,6 +144,9 @@ def build_data_options(kwargs: dict[str, Any]) -> Any:
               help="Run directory. Default: a new runs/<time>-<model>-<dataset>.")
 @click.option("--resume", is_flag=True,
               help="Continue the run in --output from its last epoch backup.")
+@click.option("--resume-previous", is_flag=True,
+              help="--resume, but from the previous backup (--output's backup/previous) "
+              "when the latest one fails verification. Example: --output runs/a --resume-previous")
 @click.option("--target", "targets", multiple=True, metavar="METRIC>=N",
               help="A goal the run must meet, e.g. 'val_accuracy>=0.95' or "
               "'wall_time_seconds<=600' (any number in metrics.json; >=, <=, >, <; repeat "
@@ -190,10 +193,13 @@ def train(**kwargs: Any) -> None:
     with user_errors():
         from mirrorkit.training import TrainConfig
         from mirrorkit.training import train as run_training
+        from mirrorkit.training.backup_manifest import FALLBACK
 
         data = build_data_options(kwargs)
-        config = TrainConfig(data=data, **kwargs)
-        result = run_training(config, echo=click.echo)
+        previous = kwargs.pop("resume_previous")  # the fallback is the library's (env) choice
+        config = TrainConfig(data=data, **{**kwargs, "resume": kwargs["resume"] or previous})
+        with _env.patch({FALLBACK: "previous"} if previous else {}):
+            result = run_training(config, echo=click.echo)
     from mirrorkit.training.targets import MISSED_EXIT_CODE, missed_lines
 
     missed = missed_lines(result.metrics.get("targets", ()))

@@ -47,11 +47,11 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import json
 import logging
 import os
 import shutil
 import threading
+from pathlib import Path
 from typing import Any
 
 import keras
@@ -59,6 +59,7 @@ import keras
 from mirrorkit.compat.saving_cache import share_saving_references
 from mirrorkit.errors import MissingDependency
 from mirrorkit.patching import engine
+from mirrorkit.training import backup_manifest
 from mirrorkit.training.chief import (
     Scratch,
     barrier,
@@ -90,8 +91,13 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
       worker receives the chief's weights, optimizer state and epoch over
       the cluster, so all resume identically (epoch granularity; see the
       module docstring for ``save_freq`` in steps);
-    * the backup is written beside the old one and renamed over it, so a
-      worker killed while saving never leaves a backup no restart can read.
+    * the backup is written beside the old one and renamed over it, with a
+      manifest (sizes, sha256) written last and the previous complete backup
+      kept in ``previous/`` (:mod:`mirrorkit.training.backup_manifest`);
+    * every restore verifies the backup first: a missing, truncated or
+      changed file raises :class:`~mirrorkit.errors.RunError` naming it and
+      the choices, instead of training on from random weights or epoch 0;
+      ``previous/`` is used only when ``MIRRORKIT_BACKUP_FALLBACK=previous``.
 
     Args:
         backup_dir: directory for the backup (chief only).
@@ -111,6 +117,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                          delete_checkpoint=delete_checkpoint)
         self._real_backup_dir = self.backup_dir
         self._scratch: Scratch | None = None
+        # Whether _load_model restored a backup (maybe previous/, when allowed).
+        self._restored = False
 
     def _point_at(self, directory: str) -> None:
         # Keras derives these four paths from backup_dir in __init__.
@@ -150,7 +158,9 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     def _sync_from_chief(self, model: Any, strategy: Any) -> None:
         import tensorflow as tf
 
-        restored = is_chief(strategy) and tf.io.gfile.exists(self._weights_path)
+        restored = is_chief(strategy) and (
+            self._restored if "://" not in self.backup_dir
+            else tf.io.gfile.exists(self._weights_path))
         # First agree on whether there is anything to send (one scalar, -1 for
         # nothing), so a fresh start costs no weight transfer.
         epoch = int(model._initial_epoch or 0) if restored else -1
@@ -167,14 +177,46 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         model._initial_epoch = epoch
         logger.info("mirrorkit: resumed at epoch %d from the chief's backup", epoch)
 
+    def _load_model(self):
+        if "://" in self.backup_dir:  # gs://, s3://...: Keras's own (gfile) reads
+            return super()._load_model()
+        # Keras loads whatever is there: no weights file meant random weights
+        # labelled as later epochs, no metadata a silent restart at epoch 0, a
+        # damaged file an h5py traceback naming no file. Verify first.
+        self._restored = False
+        backup = backup_manifest.choose(self.backup_dir)
+        if backup is None:
+            return None  # nothing backed up yet: a fresh start, as in Keras
+        model = self.model
+        if not model.built:
+            return super()._load_model()  # Keras's own "must be built" error
+        if model.optimizer is not None and not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+        try:
+            model.load_weights(str(backup.weights))
+        except Exception as err:  # noqa: BLE001 -- h5py/Keras errors name no file
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise backup_manifest.BackupDamaged(
+                f"Cannot resume from {backup.weights}: it does not load into this model "
+                f"({type(err).__name__}: {first}). Start over (delete {self.backup_dir}) "
+                f"or resume with the model that wrote it.") from err
+        model._initial_epoch = backup.epoch
+        self._restored = True
+        if backup.folder != Path(self.backup_dir) or backup.checked != "manifest":
+            logger.warning("mirrorkit: resuming at epoch %d from %s (%s)", backup.epoch,
+                           backup.folder, "the previous backup" if backup.checked == "manifest"
+                           else "written before manifests: checked by format only")
+        return None
+
     def _save_model(self):
         if "://" in self.backup_dir:  # gs://, s3://...: Keras's own (gfile) writes
             return super()._save_model()
         # Keras writes the backup in place: a worker killed mid-write (a lost
         # machine, SIGKILL, OOM) left a half-written latest.weights.h5 that no
         # restart could load ("bad object header version number"). Write both
-        # files beside it and rename them over the old ones: a reader sees the
-        # old backup or the new one, never a part.
+        # files beside it, then commit: the old backup becomes previous/, the
+        # files are renamed into place and the manifest comes last, so a
+        # resume can tell a complete backup from a part (backup_manifest).
         os.makedirs(self.backup_dir, exist_ok=True)
         if self.double_checkpoint:
             for src, dst in ((self._weights_path, self._prev_weights_path),
@@ -185,9 +227,11 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         partial_meta = os.path.join(self.backup_dir, ".partial-training_metadata.json")
         self.model.save_weights(filepath=partial_weights, overwrite=True)
         with open(partial_meta, "w") as f:
-            f.write(json.dumps({"epoch": self._current_epoch, "batch": self._last_batch_seen}))
-        os.replace(partial_weights, self._weights_path)
-        os.replace(partial_meta, self._training_metadata_path)
+            f.write(backup_manifest.metadata_text(self._current_epoch, self._last_batch_seen))
+        backup_manifest.commit(self.backup_dir, {
+            os.path.basename(self._weights_path): partial_weights,
+            os.path.basename(self._training_metadata_path): partial_meta,
+        }, epoch=self._current_epoch, batch=self._last_batch_seen)
 
     def on_train_end(self, logs=None):
         super().on_train_end(logs)

@@ -14,6 +14,7 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 from mirrorkit import _env
 from mirrorkit.datasets import parse_spec
@@ -74,9 +75,12 @@ def check_output(config: TrainConfig) -> Path:
     if path.exists() and not path.is_dir():
         raise NotADirectoryError(f"The output path is a file, not a directory. Received: {shown}")
     if relaunched_with_backup(config, path):
+        # A restart resumes under the same rule as --resume: verified first.
+        # (None: the first attempt died before its first complete backup.)
+        _verified_backup(path)
         return path
     if config.resume:
-        if not has_backup(path / "backup"):
+        if not has_backup(path / "backup") or _verified_backup(path) is None:
             done = (" (that run finished: see metrics.json)"
                     if (path / "metrics.json").exists() else "")
             raise FileNotFoundError(f"Nothing to resume: no backup in {path / 'backup'}{done}. "
@@ -100,6 +104,15 @@ def check_output(config: TrainConfig) -> Path:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise PermissionError(f"The output directory is not writable ({parent}). Received: {shown}")
     return path
+
+
+def _verified_backup(path: Path) -> Any:
+    # Before TensorFlow builds anything: a backup that fails verification
+    # stops the run here, with nothing written (backup_manifest.choose).
+    from mirrorkit.training.backup_manifest import choose
+
+    return choose(path / "backup", use_previous="add --resume-previous",
+                  start_over=f"choose another --output, or delete {path} to reuse its name")
 
 
 def make_output(path: Path) -> None:
