@@ -1,8 +1,9 @@
 """The ``mirrorkit train`` job as a library function: TrainConfig in, TrainResult out.
 
 :func:`train` is a short sequence of named steps: create the strategy first
-(devices can only be split before any other TensorFlow op) and check the
-output folder, load the dataset, plan the batch, steps and learning rate
+(devices can only be split before any other TensorFlow op), check the
+output folder and lock it for the whole run (:mod:`mirrorkit.training.run_lock`),
+load the dataset, plan the batch, steps and learning rate
 (:mod:`mirrorkit.training.plan`), build and compile the model inside the
 strategy's scope, build the input pipelines, fit with mirrorkit's callbacks,
 score on every validation example, and write, on the chief only::
@@ -37,13 +38,9 @@ from typing import Any, Callable, Iterator, Sequence
 from mirrorkit.training.config import BASE_BATCH, TrainConfig, TrainResult
 from mirrorkit.training.elastic import describe as describe_change
 from mirrorkit.training.fit_loop import failure_line, fit, start_events
-from mirrorkit.training.output import (
-    RUN_FILES,
-    check_output,
-    default_output,
-    relaunched_with_backup,
-)
+from mirrorkit.training.output import RUN_FILES, default_output, relaunched_with_backup
 from mirrorkit.training.plan import TrainPlan, lr_text, make_plan
+from mirrorkit.training.run_lock import RunLock, claim_output
 from mirrorkit.training.targets import evaluate, parse_target
 
 logger = logging.getLogger(__name__)
@@ -58,6 +55,7 @@ class _Run:
     runtime: Any
     out: Path
     tell: Callable[[str], Any]
+    lock: RunLock   # training.run_lock: the chief's, held for the whole run
 
 
 def train(config: TrainConfig | None = None, *, callbacks: Sequence[Any] = (),
@@ -93,6 +91,12 @@ def train(config: TrainConfig | None = None, *, callbacks: Sequence[Any] = (),
     """
     started = time.monotonic()
     run = _start(config or TrainConfig(), echo or logger.info)
+    # Held until train ends, however it ends: one writer per run folder.
+    with run.lock:
+        return _train(run, callbacks, started)
+
+
+def _train(run: _Run, callbacks: Sequence[Any], started: float) -> TrainResult:
     data = _load_data(run)
     run, change = _elastic(run)
     plan = make_plan(run.config, train_examples=data.train_examples,
@@ -136,13 +140,14 @@ def _start(config: TrainConfig, say: Callable[[str], Any]) -> _Run:
 
     strategy = get_strategy(config.strategy, simulate_cpus=config.simulate_cpus)
     runtime = describe(strategy)
-    # Only the chief checks and creates the run directory; other workers write
-    # nothing there (the chief-aware callbacks give them temporary paths).
-    out = check_output(config) if runtime.is_chief else (
-        Path(config.output).expanduser() if config.output else default_output(config))
+    # Only the chief checks, locks and creates the run directory; other workers
+    # write nothing there (the chief-aware callbacks give them temporary paths).
+    out, lock = claim_output(config, say) if runtime.is_chief else (
+        Path(config.output).expanduser() if config.output else default_output(config),
+        RunLock(None, None))
     if not config.resume and relaunched_with_backup(config, out):
         config = dataclasses.replace(config, resume=True, output=str(out))
-    return _Run(config, strategy, runtime, out, say if runtime.is_chief else _silent)
+    return _Run(config, strategy, runtime, out, say if runtime.is_chief else _silent, lock)
 
 
 def _elastic(run: _Run) -> tuple[_Run, dict[str, Any] | None]:
