@@ -52,6 +52,8 @@ COMPAT = "MIRRORKIT_COMPAT"
 COMPAT_DISABLE = "MIRRORKIT_COMPAT_DISABLE"
 # off: mirrorkit train writes its run folder without the one-writer lock (training.run_lock).
 RUN_LOCK = "MIRRORKIT_RUN_LOCK"
+# off: mirrorkit train writes its run folder without the one-writer lock (training.run_lock).
+RUN_LOCK = "MIRRORKIT_RUN_LOCK"
 # TensorFlow's own inter-op thread count (read by its C++ runtime).
 TF_INTER_OP_THREADS = "TF_NUM_INTEROP_THREADS"
 
@@ -223,6 +225,17 @@ def compat_enabled() -> bool:
     """
     raw = os.environ.get(COMPAT, "").strip().lower()
     return raw not in {"off", "0", "false", "no", "none"}
+
+
+def run_lock() -> bool:
+    """Return False when ``MIRRORKIT_RUN_LOCK`` is ``off``/``0``/``false``/``no``.
+
+    Example:
+        >>> with patch({"MIRRORKIT_RUN_LOCK": "off"}):
+        ...     run_lock()
+        False
+    """
+    return os.environ.get(RUN_LOCK, "").strip().lower() not in {"off", "0", "false", "no"}
 
 
 def run_lock() -> bool:
