@@ -216,8 +216,10 @@ def verify(folder: Path, *, legacy: bool = True) -> Backup:
                 return _verify_by_format(folder)
             raise BackupDamaged(f"{MANIFEST} is missing")
         # Keras's own files (a backup from before manifests, or none at all).
-        names = ", ".join(missing[:-1]) + " and " + missing[-1] if len(missing) > 1 else missing[0]
-        raise BackupDamaged(f"{names} {'is' if len(missing) == 1 else 'are'} missing")
+        named = missing if len(missing) == 3 else [n for n in missing if n != MANIFEST]
+        names = ", ".join(named[:-1]) + " and " + named[-1] if len(named) > 1 else named[0]
+        note = "" if len(missing) == 3 else f" (a backup without {MANIFEST})"
+        raise BackupDamaged(f"{names} {'is' if len(named) == 1 else 'are'} missing{note}")
     manifest = _manifest(manifest_path)
     for name in (WEIGHTS, METADATA):
         expected = manifest["files"].get(name)
