@@ -31,7 +31,6 @@ from mirrorkit.protocol import (  # noqa: F401 (re-exported: _env.RESTART_COUNT,
     RESTART_COUNT,
     RESTART_REASON,
     RUN_ID,
-    SCRATCH_DIR,
     STATUS_DIR,
     TF_CONFIG,
     TF_INTRA_OP_THREADS,
@@ -50,8 +49,6 @@ SLURM_GPUS_PER_TASK = "MIRRORKIT_SLURM_GPUS_PER_TASK"
 SLURM_DERIVED = "MIRRORKIT_SLURM_TF_CONFIG"
 COMPAT = "MIRRORKIT_COMPAT"
 COMPAT_DISABLE = "MIRRORKIT_COMPAT_DISABLE"
-# off: mirrorkit train writes its run folder without the one-writer lock (training.run_lock).
-RUN_LOCK = "MIRRORKIT_RUN_LOCK"
 # off: mirrorkit train writes its run folder without the one-writer lock (training.run_lock).
 RUN_LOCK = "MIRRORKIT_RUN_LOCK"
 # TensorFlow's own inter-op thread count (read by its C++ runtime).
@@ -165,20 +162,6 @@ def status_dir() -> str | None:
     return value or None
 
 
-def scratch_dir() -> str | None:
-    """Return ``MIRRORKIT_SCRATCH_DIR``: the launched job's scratch root, which the
-    launcher removes when the job ends, or None (not launched, or set to a folder
-    that does not exist).
-
-    Example:
-        >>> with patch({"MIRRORKIT_SCRATCH_DIR": "/surely/not/a/folder"}):
-        ...     scratch_dir() is None
-        True
-    """
-    value = os.environ.get(SCRATCH_DIR, "").strip()
-    return value if value and os.path.isdir(value) else None
-
-
 def run_id() -> str | None:
     """Return ``MIRRORKIT_RUN_ID``: one name for a launched job, shared by its
     workers and kept across restarts (so default run folders agree), or None."""
@@ -225,17 +208,6 @@ def compat_enabled() -> bool:
     """
     raw = os.environ.get(COMPAT, "").strip().lower()
     return raw not in {"off", "0", "false", "no", "none"}
-
-
-def run_lock() -> bool:
-    """Return False when ``MIRRORKIT_RUN_LOCK`` is ``off``/``0``/``false``/``no``.
-
-    Example:
-        >>> with patch({"MIRRORKIT_RUN_LOCK": "off"}):
-        ...     run_lock()
-        False
-    """
-    return os.environ.get(RUN_LOCK, "").strip().lower() not in {"off", "0", "false", "no"}
 
 
 def run_lock() -> bool:
