@@ -141,7 +141,9 @@ def build_data_options(kwargs: dict[str, Any]) -> Any:
 @simulate_cpus_option
 @strategy_option
 @click.option("--output", default=None, metavar="DIR",
-              help="Run directory. Default: a new runs/<time>-<model>-<dataset>.")
+              help="Run directory, locked for the run (DIR/.mirrorkit.lock): a second run "
+              "on it is refused, naming the holder. Default: a new "
+              "runs/<time>-<model>-<dataset>.")
 @click.option("--resume", is_flag=True,
               help="Continue the run in --output from its last epoch backup.")
 @click.option("--resume-previous", is_flag=True,
@@ -171,7 +173,7 @@ def train(**kwargs: Any) -> None:
     Keras's progress bar, throughput per epoch and the validation accuracy.
     Writes model.keras, metrics.json, history.csv, events.jsonl (the event
     log) and TensorBoard logs/ to --output (in multi-worker runs the chief
-    only). A diverging loss rolls back to the last good epoch (see
+    only), which it locks for the run: one writer per folder. A diverging loss rolls back to the last good epoch (see
     --max-rollbacks); with several workers, a worker much slower than the
     others is named each epoch.
 
