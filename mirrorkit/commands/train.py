@@ -173,9 +173,10 @@ def train(**kwargs: Any) -> None:
     Keras's progress bar, throughput per epoch and the validation accuracy.
     Writes model.keras, metrics.json, history.csv, events.jsonl (the event
     log) and TensorBoard logs/ to --output (in multi-worker runs the chief
-    only), which it locks for the run: one writer per folder. A diverging loss rolls back to the last good epoch (see
-    --max-rollbacks); with several workers, a worker much slower than the
-    others is named each epoch.
+    only), which it locks for the run: one writer per folder. A diverging
+    loss rolls back to the last good epoch (see --max-rollbacks); with
+    several workers, a worker much slower than the others is named each
+    epoch.
 
     \b
     Examples:
