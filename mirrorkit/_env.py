@@ -31,6 +31,7 @@ from mirrorkit.protocol import (  # noqa: F401 (re-exported: _env.RESTART_COUNT,
     RESTART_COUNT,
     RESTART_REASON,
     RUN_ID,
+    SCRATCH_DIR,
     STATUS_DIR,
     TF_CONFIG,
     TF_INTRA_OP_THREADS,
@@ -160,6 +161,20 @@ def status_dir() -> str | None:
     """Return ``MIRRORKIT_STATUS_DIR``, where a launched worker reports its throughput, or None."""
     value = os.environ.get(STATUS_DIR, "").strip()
     return value or None
+
+
+def scratch_dir() -> str | None:
+    """Return ``MIRRORKIT_SCRATCH_DIR``: the launched job's scratch root, which the
+    launcher removes when the job ends, or None (not launched, or set to a folder
+    that does not exist).
+
+    Example:
+        >>> with patch({"MIRRORKIT_SCRATCH_DIR": "/surely/not/a/folder"}):
+        ...     scratch_dir() is None
+        True
+    """
+    value = os.environ.get(SCRATCH_DIR, "").strip()
+    return value if value and os.path.isdir(value) else None
 
 
 def run_id() -> str | None:

@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 __all__ = [
     "TF_CONFIG", "RESTART_COUNT", "RUN_ID", "JOB_START", "ORIGINAL_RANK", "RESTART_REASON",
     "ELASTIC_BATCH", "ELASTIC_BATCH_CHOICES", "STATUS_DIR", "NETWORK", "NETWORK_ISOLATED", "JOIN_TIMEOUT",
-    "TF_INTRA_OP_THREADS", "CUDA_VISIBLE_DEVICES", "WORKER_ENV",
+    "SCRATCH_DIR", "TF_INTRA_OP_THREADS", "CUDA_VISIBLE_DEVICES", "WORKER_ENV",
     "ExitCode", "SIGNAL_EXIT_BASE", "signal_exit_code",
     "LOST_PEER_MARKER", "LostPeer", "format_lost_peer", "parse_lost_peer",
     "TARGET_MISSED_PREFIX", "TargetMissed", "format_target_missed", "parse_target_missed",
@@ -72,8 +72,9 @@ RESTART_REASON = "MIRRORKIT_RESTART_REASON"
 # With --min-workers: what a resumed run keeps when the worker count changed.
 ELASTIC_BATCH = "MIRRORKIT_ELASTIC_BATCH"
 ELASTIC_BATCH_CHOICES = ("global", "per-replica")
-# A private folder where each worker leaves worker-RANK.json (see write_status).
+# Private folders: worker-RANK.json's (write_status), the job's scratch root (removed at its end).
 STATUS_DIR = "MIRRORKIT_STATUS_DIR"
+SCRATCH_DIR = "MIRRORKIT_SCRATCH_DIR"
 # Set to NETWORK_ISOLATED for workers in the launcher's private network namespace.
 NETWORK = "MIRRORKIT_NETWORK"
 NETWORK_ISOLATED = "isolated"
@@ -85,8 +86,8 @@ TF_INTRA_OP_THREADS = "TF_NUM_INTRAOP_THREADS"
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 
 # Every variable above that the launcher may set in a worker's environment.
-WORKER_ENV = (TF_CONFIG, RESTART_COUNT, RUN_ID, JOB_START, ORIGINAL_RANK, RESTART_REASON,
-              ELASTIC_BATCH, STATUS_DIR, NETWORK, TF_INTRA_OP_THREADS, CUDA_VISIBLE_DEVICES)
+WORKER_ENV = (TF_CONFIG, RESTART_COUNT, RUN_ID, JOB_START, ORIGINAL_RANK, RESTART_REASON, NETWORK,
+              ELASTIC_BATCH, STATUS_DIR, SCRATCH_DIR, TF_INTRA_OP_THREADS, CUDA_VISIBLE_DEVICES)
 
 # --- Exit codes ---------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ import logging
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 
@@ -99,6 +100,8 @@ READERS = [
      "worker 1 exited with code 1"),
     (protocol.ELASTIC_BATCH, "global", _env.elastic_batch, "global"),
     (protocol.STATUS_DIR, "/tmp/status", _env.status_dir, "/tmp/status"),
+    # Only an existing folder: a worker never recreates a root the launcher removed.
+    (protocol.SCRATCH_DIR, tempfile.gettempdir(), _env.scratch_dir, tempfile.gettempdir()),
     (protocol.NETWORK, protocol.NETWORK_ISOLATED, lambda: _env.get(_env.NETWORK), "isolated"),
     (protocol.JOIN_TIMEOUT, "7", _env.join_timeout, 7.0),
     (protocol.CUDA_VISIBLE_DEVICES, "1,2", _env.cuda_visible_devices, "1,2"),

@@ -64,11 +64,16 @@ class _LauncherLog(logging.Handler):
               "first port + N) waits for the others; a host silent by then is lost. If "
               "node 0's host is the one lost, the others fail, naming it: there is no "
               "successor.")
+@click.option("--oversubscribe", is_flag=True,
+              help="Start -n workers even when this machine cannot hold them usefully: "
+              "more than 4 per core, or more than its available memory at about 0.7 GB "
+              "per TensorFlow worker. Without it such a launch is refused in one line. "
+              "Example: mirrorkit launch -n 12 --oversubscribe -- python train.py")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def launch(nproc: int | None, max_restarts: int, log_dir: str | None, port: int | None,
            gpus_per_worker: int | None, grace_period: float, hosts: str | None,
            node_rank: int, expose_network: bool, min_workers: int | None,
-           elastic_batch: str | None, rendezvous_timeout: float,
+           elastic_batch: str | None, rendezvous_timeout: float, oversubscribe: bool,
            command: tuple[str, ...]) -> None:
     """Run COMMAND as N workers of one multi-worker cluster, restarting on failure.
 
@@ -80,7 +85,10 @@ def launch(nproc: int | None, max_restarts: int, log_dir: str | None, port: int 
     again (resume with a backup callback). With --min-workers it may restart
     with fewer workers (see below). Ctrl-C stops every worker. Exit status:
     0; the failed worker's status (128+N for signal N); 130/143 when
-    interrupted.
+    interrupted. The job's private folders (one scratch root in the temp
+    dir, MIRRORKIT_SCRATCH_DIR) are removed on any end. More workers than
+    this machine holds usefully (4 per core, ~0.7 GB each) are refused
+    unless --oversubscribe.
 
     \b
     Examples:
@@ -113,7 +121,8 @@ def launch(nproc: int | None, max_restarts: int, log_dir: str | None, port: int 
                               h.strip() for h in hosts.split(",") if h.strip()),
                           node_rank=node_rank, expose_network=expose_network,
                           min_workers=min_workers, elastic_batch=elastic_batch,
-                          rendezvous_timeout=rendezvous_timeout)
+                          rendezvous_timeout=rendezvous_timeout,
+                          oversubscribe=oversubscribe)
         log = logging.getLogger("mirrorkit.launcher")
         handler = _LauncherLog()
         log.addHandler(handler)

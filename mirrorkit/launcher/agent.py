@@ -38,7 +38,7 @@ from typing import IO, Any, Callable
 
 from mirrorkit import _env, protocol
 from mirrorkit.errors import RunError
-from mirrorkit.launcher import worker_status
+from mirrorkit.launcher import capacity, worker_status
 from mirrorkit.launcher.group import WorkerGroup
 from mirrorkit.launcher.hosts import check_hosts
 from mirrorkit.launcher.isolation import IsolationUnavailable, NetworkIsolation
@@ -97,10 +97,10 @@ class _Signals:
             signal.signal(sig, handler)
 
 
-def _isolate() -> NetworkIsolation | None:
+def _isolate(scratch: str) -> NetworkIsolation | None:
     """The private network for a single-machine launch, or None (said once) when impossible."""
     try:
-        isolation = NetworkIsolation.start()
+        isolation = NetworkIsolation.start(parent=scratch)
     except IsolationUnavailable as err:
         logger.warning("cannot isolate the workers' network here (%s): their TensorFlow "
                        "servers listen on every interface, as plain TensorFlow's do", err)
@@ -125,6 +125,10 @@ def launch(spec: LaunchSpec, *, stdout: IO[str] | None = None,
     remain, the whole group starts again. SIGINT/SIGTERM/SIGHUP to the
     launcher stop every worker. Workers run in their own sessions and die
     with the launcher even if it is SIGKILLed, so none is ever left behind.
+    Every private folder of the job (workers' stand-ins for the chief's
+    paths, status files, the download relay's socket) lives under one scratch
+    root, ``MIRRORKIT_SCRATCH_DIR``, removed once the workers are gone, on
+    any end but the launcher's own SIGKILL.
 
     Args:
         spec: what to run.
@@ -136,8 +140,9 @@ def launch(spec: LaunchSpec, *, stdout: IO[str] | None = None,
 
     Raises:
         ValueError: command not found, a fixed port in use, too few GPUs, a
-            host that does not resolve, or a ``node_rank`` whose host is not
-            this machine.
+            host that does not resolve, a ``node_rank`` whose host is not
+            this machine, or more workers than this machine holds usefully
+            (:mod:`mirrorkit.launcher.capacity`) without ``oversubscribe``.
         RuntimeError: a restart could not start the new group.
 
     Example:
@@ -149,6 +154,7 @@ def launch(spec: LaunchSpec, *, stdout: IO[str] | None = None,
         0
     """
     streams = (stdout or sys.stdout, stderr or sys.stderr)
+    capacity.check(spec.nproc, oversubscribe=spec.oversubscribe)
     if spec.hosts is not None:
         # A name that does not resolve, or a node rank that is not this
         # machine, would otherwise surface only at the join timeout.
@@ -169,14 +175,21 @@ def launch(spec: LaunchSpec, *, stdout: IO[str] | None = None,
                                           protocol.JOB_START: job_start})
     worker_path = spec.env.get("PATH", _env.get("PATH"))
     argv = [_resolve_program(spec.command[0], worker_path), *spec.command[1:]]
-    # Where workers leave their speed for the final summary (worker_status).
-    status = tempfile.mkdtemp(prefix="mirrorkit-status-")
-    spec = dataclasses.replace(spec, env={**spec.env, protocol.STATUS_DIR: status})
     start = time.monotonic()
     wake = threading.Event()
     failures: list[WorkerFailure] = []
     with _Signals(wake) as signals, contextlib.ExitStack() as stack:
-        stack.callback(shutil.rmtree, status, True)
+        # The job's one scratch root: workers put every private folder under it
+        # (mirrorkit.training.chief.Scratch), so removing it, the stack's last
+        # step, after every worker is reaped, cleans up after SIGKILLed workers
+        # too, however the job ends (signals are only recorded while in here).
+        scratch = tempfile.mkdtemp(prefix="mirrorkit-job-")
+        stack.callback(shutil.rmtree, scratch, True)
+        # Where workers leave their speed for the final summary (worker_status).
+        status = os.path.join(scratch, "status")
+        os.mkdir(status)
+        spec = dataclasses.replace(spec, env={**spec.env, protocol.STATUS_DIR: status,
+                                              protocol.SCRATCH_DIR: scratch})
         try:
             agreement = _agreement(spec, wake, lambda: bool(signals.received))
             stack.callback(agreement.close)
@@ -187,7 +200,8 @@ def launch(spec: LaunchSpec, *, stdout: IO[str] | None = None,
             name = signal.Signals(signals.received[0]).name
             return RunResult(WorkerState.STOPPED, protocol.signal_exit_code(signals.received[0]),
                              0, (), {}, name, time.monotonic() - start)
-        isolation = None if spec.hosts is not None or spec.expose_network else _isolate()
+        isolation = (None if spec.hosts is not None or spec.expose_network
+                     else _isolate(scratch))
         if isolation is not None:
             stack.callback(isolation.close)
         group = WorkerGroup(spec, view, argv, streams, wake, isolation)

@@ -41,6 +41,10 @@ _LOOPBACK = ("localhost", "127.0.0.1", "::1")
 # setns/unshare flags (linux/sched.h).
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
+# A Unix socket's path holds at most 107 bytes (sun_path); room for the folder's
+# random name and "egress.sock".
+_SOCKET_PATH_MAX = 107
+_SOCKET_ROOM = "mirrorkit-net-xxxxxxxx/egress.sock"
 
 
 class IsolationUnavailable(RuntimeError):
@@ -73,15 +77,24 @@ class NetworkIsolation:
         return os.readlink(f"/proc/{pid}/ns/user") != os.readlink("/proc/self/ns/user")
 
     @classmethod
-    def start(cls, env: Mapping[str, str] | None = None) -> "NetworkIsolation":
+    def start(cls, env: Mapping[str, str] | None = None,
+              parent: str | None = None) -> "NetworkIsolation":
         """Make the namespace (and the download relay) or raise :class:`IsolationUnavailable`.
+
+        Args:
+            env: the environment whose proxies the relay uses. Defaults to the launcher's.
+            parent: where the relay's private folder goes (the job's scratch
+                root). Defaults to the temp dir, also when the socket's path
+                would be too long for a Unix socket there.
 
         Example:
             >>> NetworkIsolation.start().close()      # doctest: +SKIP
         """
         if not sys.platform.startswith("linux"):
             raise IsolationUnavailable(f"network namespaces are Linux only (this is {sys.platform})")
-        folder = tempfile.mkdtemp(prefix="mirrorkit-net-")   # 0700: only this user
+        if parent is not None and len(os.path.join(parent, _SOCKET_ROOM)) > _SOCKET_PATH_MAX:
+            parent = None
+        folder = tempfile.mkdtemp(prefix="mirrorkit-net-", dir=parent)   # 0700: only this user
         proxy = EgressProxy(os.path.join(folder, "egress.sock"), env)
         try:
             proxy.start()

@@ -80,6 +80,10 @@ class LaunchSpec:
             rendezvous waits, after the first node reports a failed attempt,
             for the others; a node that has not reported by then is lost.
             Defaults to 30.
+        oversubscribe: start ``nproc`` workers even when this machine cannot
+            hold them usefully (more than 4 per core, or more than its
+            available memory at ~0.7 GB each; :mod:`mirrorkit.launcher.capacity`).
+            Defaults to False: :func:`~mirrorkit.launcher.launch` refuses.
 
     Raises:
         ValueError: for any invalid field, naming it and the value received.
@@ -106,6 +110,7 @@ class LaunchSpec:
     min_workers: int | None = None
     elastic_batch: str | None = None
     rendezvous_timeout: float = 30.0
+    oversubscribe: bool = False
 
     def __post_init__(self) -> None:
         # Normalise containers so the frozen spec is really immutable.

@@ -22,6 +22,7 @@ import tempfile
 import weakref
 from typing import Any, Iterator
 
+from mirrorkit import _env
 from mirrorkit.strategy_facts import in_multi_worker_mode
 
 
@@ -59,12 +60,28 @@ def task_label(strategy: Any) -> str:
     return f"{task_type}{int(getattr(resolver, 'task_id', 0) or 0)}"
 
 
+def scratch_parent() -> str:
+    """Where private folders go: the launched job's scratch root, else the temp dir.
+
+    ``mirrorkit launch`` removes its root (``MIRRORKIT_SCRATCH_DIR``) once the
+    workers are gone, however the job ended; a worker started without it
+    relies on :class:`Scratch`'s own removal.
+
+    Example:
+        >>> scratch_parent() == (_env.scratch_dir() or tempfile.gettempdir())
+        True
+    """
+    return _env.scratch_dir() or tempfile.gettempdir()
+
+
 class Scratch:
     """A non-chief worker's private stand-in for a real path; removed when done.
 
     The name ties it to (callback kind, real path, task) so the same task's
     next start can delete what a killed run left behind, without touching
-    other jobs' or other tasks' directories.
+    other jobs' or other tasks' directories. Under ``mirrorkit launch`` it
+    lives in the job's scratch root (:func:`scratch_parent`), which the
+    launcher removes even when SIGKILL left no chance to clean up here.
     """
 
     def __init__(self, kind: str, real_path: str, task: str) -> None:
@@ -76,14 +93,14 @@ class Scratch:
     def get(self) -> str:
         if self.path is None or not os.path.isdir(self.path):
             self._remove_stale()
-            self.path = tempfile.mkdtemp(prefix=self.prefix)
+            self.path = tempfile.mkdtemp(prefix=self.prefix, dir=scratch_parent())
             # Runs at garbage collection or interpreter exit, so an exception
             # that ends fit() (no on_train_end) still cleans up.
             self._finalizer = weakref.finalize(self, shutil.rmtree, self.path, True)
         return self.path
 
     def _remove_stale(self) -> None:
-        for stale in glob.glob(os.path.join(tempfile.gettempdir(), self.prefix + "*")):
+        for stale in glob.glob(os.path.join(scratch_parent(), self.prefix + "*")):
             shutil.rmtree(stale, ignore_errors=True)
 
     def clear(self) -> None:
@@ -137,17 +154,25 @@ def broadcast_from_chief(strategy: Any, values: list[Any]) -> list[Any]:
 
 
 def in_scratch(path: str | os.PathLike) -> bool:
-    """True when ``path`` lies in one of mirrorkit's private temporary directories.
+    """True when ``path`` lies in one of mirrorkit's private temporary directories
+    (or anywhere in a launched job's scratch root).
 
     Example:
         >>> in_scratch("out/model.keras")
         False
     """
-    root = os.path.realpath(tempfile.gettempdir())
     full = os.path.realpath(os.fspath(path))
-    if os.path.commonpath([root, full]) != root or full == root:
+    job = _env.scratch_dir()
+    if job is not None and _strictly_under(full, os.path.realpath(job)):
+        return True
+    root = os.path.realpath(tempfile.gettempdir())
+    if not _strictly_under(full, root):
         return False
     return os.path.relpath(full, root).split(os.sep)[0].startswith("mirrorkit-")
+
+
+def _strictly_under(full: str, root: str) -> bool:
+    return os.path.commonpath([root, full]) == root and full != root
 
 
 @contextlib.contextmanager
