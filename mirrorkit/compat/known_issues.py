@@ -243,6 +243,14 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         TESTED_KERAS,
     ),
     KnownIssue(
+        "keras-step-metrics", "keras", "3.0", None,
+        "under N replicas the logs of each batch (progress bar, on_train_batch_end) average "
+        "the replicas' own metric results: weighted metrics, and every metric including the "
+        "loss when the replicas' slices differ in size, differ from one device's.",
+        "compat fix 'step-metrics' reads the step's results once across the replicas.",
+        TESTED_KERAS,
+    ),
+    KnownIssue(
         "keras#20582", "keras", "3.0", None,
         "optimizer gradient_accumulation_steps fails under any tf.distribute strategy "
         "('`merge_call` called while defining a new graph': a sync inside a cond).",

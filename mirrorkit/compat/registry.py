@@ -17,7 +17,7 @@ module each: :mod:`~mirrorkit.compat.symbolic_build`,
 :mod:`~mirrorkit.compat.generator_copies`, :mod:`~mirrorkit.compat.accumulation`,
 :mod:`~mirrorkit.compat.layer_losses`, :mod:`~mirrorkit.compat.scalar_losses`,
 :mod:`~mirrorkit.compat.symbolic_names`, :mod:`~mirrorkit.compat.no_gradient_losses`,
-:mod:`~mirrorkit.compat.logged_losses`, :mod:`~mirrorkit.compat.symbolic_order`. One more is a process setting, not a Keras
+:mod:`~mirrorkit.compat.logged_losses`, :mod:`~mirrorkit.compat.symbolic_order`, :mod:`~mirrorkit.compat.step_metrics`. One more is a process setting, not a Keras
 patch (:mod:`~mirrorkit.compat.allocator`, ``malloc-thresholds``): :func:`apply`
 runs it and it is turned off by name like the others, but it is not in
 :data:`FIXES` and not in :func:`apply`'s result.
@@ -49,6 +49,7 @@ from mirrorkit.compat import (
     probes,
     scalar_losses,
     scalar_logs,
+    step_metrics,
     step_variables,
     symbolic_build,
     symbolic_names,
@@ -142,6 +143,8 @@ FIXES: dict[str, Fix] = {fix.name: fix for fix in (
     # Stacks on symbolic-build's wrapper of the same method.
     Fix("symbolic-build-order", "fit trains in another data order under a strategy",
         (_TRAINER, "_maybe_symbolic_build", "TensorFlowTrainer"), symbolic_order.make),
+    Fix("step-metrics", "batch-end logs average the replicas' metric results",
+        ("keras.src.trainers.trainer", "get_metrics_result", "Trainer"), step_metrics.make),
 )}
 
 # Per process: each fix's decision (probes run once) and the fixes whose

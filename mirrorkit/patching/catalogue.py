@@ -145,6 +145,12 @@ _FIXES = (
          "keras-symbolic-build-order: under a strategy the batch peeked before fit draws the "
          "input's randomness once more (a reshuffled tf.data pipeline, a PyDataset), so fit "
          "trains in another order than plain Python.", "tests/compat/test_symbolic_names.py"),
+    _fix("step-metrics", ("keras.src.trainers.trainer.Trainer.get_metrics_result",),
+         "inside a replica, the step's metric results are read once for all replicas (a "
+         "merge_call), so each batch's logs are the global batch's",
+         "keras-step-metrics: under N replicas the batch-end logs average the replicas' own "
+         "metric results, which for weighted metrics and uneven slices (loss included) is "
+         "not the global batch's value.", "tests/compat/test_step_losses.py"),
     _fix("malloc-thresholds",
          ("glibc mallopt(M_MMAP_THRESHOLD, M_TRIM_THRESHOLD)",
           "tensorflow.python.distribute.distribute_lib.StrategyBase."

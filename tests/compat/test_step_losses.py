@@ -9,6 +9,8 @@ number and every kernel equals one device's:
   or a ``Loss`` object's result (the gradient was right before, and stays);
 * ``scalar-losses``: a loss returning a scalar with sample weights, on one
   of two weighted outputs, and under ``mixed_float16`` (as "mse" does there);
+* ``step-metrics``: every batch-end log (a weighted metric) equals one device's,
+  also with 2 steps per call;
 
 and keras.io's "Customizing what happens in fit()" guide, unmodified, logs
 plain Python's numbers under ``mirrorkit run`` and ``mirrorkit launch``.
@@ -30,7 +32,7 @@ from conftest import REPO, clean_env, result_line
 pytestmark = pytest.mark.slow
 
 SCRIPT = REPO / "tests" / "fixtures" / "step_losses.py"
-FIXES = ("no-gradient-losses", "logged-step-losses", "scalar-losses")
+FIXES = ("no-gradient-losses", "logged-step-losses", "scalar-losses", "step-metrics")
 # float32 sums in another order; float16 (mixed precision) steps.
 FLOAT32, FLOAT16 = 2e-6, 2e-3
 
@@ -60,7 +62,7 @@ def test_every_case_logs_and_trains_as_on_one_device(tmp_path, n):
     status, runs = _runs(tmp_path, n)
     assert status == dict.fromkeys(FIXES, "applied")
     cases = {key.rsplit("-", 1)[0] for key in runs}
-    assert len(cases) == 7
+    assert len(cases) == 9
     for case in cases:
         rel = FLOAT16 if "mixed" in case else FLOAT32
         assert _same(runs[f"{case}-{n}"], runs[f"{case}-1"], rel), \
@@ -79,6 +81,9 @@ def test_without_the_fixes_upstream_logs_a_share_and_weights_go_astray(tmp_path)
         one, two = runs[f"{case}-1"], runs[f"{case}-2"]
         assert two["fit_loss"] == pytest.approx([v / 2 for v in one["fit_loss"]], rel=1e-5)
         assert two["kernel"] == pytest.approx(one["kernel"], rel=1e-5)  # ... same training
+    # Batch-end logs: the average of the replicas' own results, not the batch's.
+    assert not _same(runs["batch_logs-2"]["batch_logs"], runs["batch_logs-1"]["batch_logs"],
+                     1e-4)
     # A weighted scalar loss: each replica's mean weight times its own loss.
     assert not _same(runs["scalar_weighted-2"]["kernel"], runs["scalar_weighted-1"]["kernel"],
                      1e-3)
