@@ -30,7 +30,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -44,6 +43,7 @@ from mirrorkit.launcher.hosts import check_hosts
 from mirrorkit.launcher.isolation import IsolationUnavailable, NetworkIsolation
 from mirrorkit.launcher.membership import LocalAgreement
 from mirrorkit.launcher.rendezvous import RendezvousClient
+from mirrorkit.launcher.scratch import job_root
 from mirrorkit.launcher.spec import LaunchSpec
 from mirrorkit.launcher.state import RunResult, WorkerFailure, WorkerState
 
@@ -128,7 +128,8 @@ def launch(spec: LaunchSpec, *, stdout: IO[str] | None = None,
     Every private folder of the job (workers' stand-ins for the chief's
     paths, status files, the download relay's socket) lives under one scratch
     root, ``MIRRORKIT_SCRATCH_DIR``, removed once the workers are gone, on
-    any end but the launcher's own SIGKILL.
+    any end (after the launcher's own SIGKILL: by the next launch,
+    :mod:`mirrorkit.launcher.scratch`).
 
     Args:
         spec: what to run.
@@ -183,8 +184,7 @@ def launch(spec: LaunchSpec, *, stdout: IO[str] | None = None,
         # (mirrorkit.training.chief.Scratch), so removing it, the stack's last
         # step, after every worker is reaped, cleans up after SIGKILLed workers
         # too, however the job ends (signals are only recorded while in here).
-        scratch = tempfile.mkdtemp(prefix="mirrorkit-job-")
-        stack.callback(shutil.rmtree, scratch, True)
+        scratch = stack.enter_context(job_root())
         # Where workers leave their speed for the final summary (worker_status).
         status = os.path.join(scratch, "status")
         os.mkdir(status)

@@ -41,10 +41,6 @@ _LOOPBACK = ("localhost", "127.0.0.1", "::1")
 # setns/unshare flags (linux/sched.h).
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
-# A Unix socket's path holds at most 107 bytes (sun_path); room for the folder's
-# random name and "egress.sock".
-_SOCKET_PATH_MAX = 107
-_SOCKET_ROOM = "mirrorkit-net-xxxxxxxx/egress.sock"
 
 
 class IsolationUnavailable(RuntimeError):
@@ -92,9 +88,12 @@ class NetworkIsolation:
         """
         if not sys.platform.startswith("linux"):
             raise IsolationUnavailable(f"network namespaces are Linux only (this is {sys.platform})")
-        if parent is not None and len(os.path.join(parent, _SOCKET_ROOM)) > _SOCKET_PATH_MAX:
-            parent = None
-        folder = tempfile.mkdtemp(prefix="mirrorkit-net-", dir=parent)   # 0700: only this user
+        if parent is not None and len(os.path.join(parent, "net", "egress.sock")) <= 107:
+            # A Unix socket's path holds at most 107 bytes (sun_path).
+            folder = os.path.join(parent, "net")
+            os.mkdir(folder, 0o700)
+        else:
+            folder = tempfile.mkdtemp(prefix="mirrorkit-net-")   # 0700: only this user
         proxy = EgressProxy(os.path.join(folder, "egress.sock"), env)
         try:
             proxy.start()

@@ -31,7 +31,7 @@ GB = 2**30
 
 def _start(tmp_path: Path, args: list[str]) -> tuple[subprocess.Popen, Path]:
     temp = tmp_path / "tmp"
-    temp.mkdir()
+    temp.mkdir(exist_ok=True)
     proc = subprocess.Popen([*MAIN, "launch", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=tmp_path,
                             env=clean_env(TMPDIR=str(temp)), start_new_session=True)
@@ -109,6 +109,26 @@ def test_each_worker_gets_the_job_root_and_a_normal_exit_removes_it(tmp_path):
     root = Path(roots.pop())
     assert root.parent == temp and root.name.startswith("mirrorkit-job-")
     assert not root.exists() and _ours(temp) == [], sorted(os.listdir(temp))
+
+
+@pytest.mark.slow
+def test_a_sigkilled_launchers_root_is_swept_by_the_next_launch_never_a_live_one(tmp_path):
+    # No handler runs on SIGKILL: its workers die with it (parent-death signal), its root stays.
+    wait = ("import os, time; print('ROOT', os.environ['MIRRORKIT_SCRATCH_DIR'], flush=True); "
+            "time.sleep(600)")
+    killed, temp = _start(tmp_path, ["-n", "1", "--", "python", "-c", wait])
+    line = killed.stdout.readline()
+    root = Path(line.split("ROOT ", 1)[1].strip())
+    # A launch while it runs leaves the live job's root alone.
+    rc, _, err = _finish(_start(tmp_path, ["-n", "1", "--", "python", "-c", "pass"])[0], 60)
+    assert rc == 0 and root.is_dir(), err[-2000:]
+    killed.kill()
+    killed.communicate()
+    assert root.is_dir()
+    rc, _, err = _finish(_start(tmp_path, ["-n", "1", "--", "python", "-c", "pass"])[0], 60)
+    assert rc == 0 and "removed 1 scratch folder(s) of earlier launches" in err, err[-2000:]
+    # (A relay folder that did not fit in the root, for a long TMPDIR, is not swept.)
+    assert not root.exists() and not list(temp.glob("mirrorkit-job-*")), sorted(os.listdir(temp))
 
 
 # --- -n this machine cannot hold ---------------------------------------------------------
