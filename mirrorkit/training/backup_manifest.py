@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -43,8 +44,11 @@ from typing import Any, Mapping
 from mirrorkit import _env
 from mirrorkit.errors import RunError
 
+logger = logging.getLogger(__name__)
+
 __all__ = ["FALLBACK", "FORMAT", "MANIFEST", "METADATA", "PREVIOUS", "WEIGHTS", "Backup",
-           "BackupDamaged", "choose", "commit", "metadata_text", "verify"]
+           "BackupDamaged", "choose", "commit", "metadata_text", "restore", "save",
+           "verify"]
 
 WEIGHTS = "latest.weights.h5"
 METADATA = "training_metadata.json"
@@ -101,6 +105,54 @@ def metadata_text(epoch: int, batch: int) -> str:
         '{"epoch": 2, "batch": 0, "format": "mirrorkit-backup/1"}'
     """
     return json.dumps({"epoch": int(epoch), "batch": int(batch), "format": FORMAT})
+
+
+def save(model: Any, folder: str | os.PathLike, epoch: int, batch: int) -> None:
+    """Write ``model``'s weights and the metadata beside the backup in ``folder``, then commit.
+
+    Example:
+        >>> save(model, "out/backup", epoch=2, batch=0)                 # doctest: +SKIP
+    """
+    weights = os.path.join(folder, ".partial-" + WEIGHTS)
+    metadata = os.path.join(folder, ".partial-" + METADATA)
+    model.save_weights(filepath=weights, overwrite=True)
+    with open(metadata, "w") as f:
+        f.write(metadata_text(epoch, batch))
+    commit(folder, {WEIGHTS: weights, METADATA: metadata}, epoch=epoch, batch=batch)
+
+
+def restore(model: Any, folder: str | os.PathLike) -> Backup | None:
+    """Verify the backup in ``folder`` (:func:`choose`) and load its weights into ``model``.
+
+    Returns:
+        The backup restored (the caller resumes at its ``epoch``), or None
+        when ``folder`` holds none (a fresh start).
+
+    Raises:
+        BackupDamaged: the backup failed verification, or its weights do not
+            load into ``model`` (another model's backup); the file is named.
+
+    Example:
+        >>> restore(model, "out/backup").epoch                           # doctest: +SKIP
+        2
+    """
+    backup = choose(folder)
+    if backup is None:
+        return None
+    if model.optimizer is not None and not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+    try:
+        model.load_weights(str(backup.weights))
+    except Exception as err:  # noqa: BLE001 -- h5py/Keras errors name no file
+        raise BackupDamaged(
+            f"Cannot resume from {backup.weights}: it does not load into this model "
+            f"({type(err).__name__}: {_first_line(err)}). Start over (delete {folder}) "
+            f"or resume with the model that wrote it.") from err
+    if backup.folder != Path(folder) or backup.checked != "manifest":
+        logger.warning("mirrorkit: resuming at epoch %d from %s (%s)", backup.epoch,
+                       backup.folder, "the previous backup" if backup.checked == "manifest"
+                       else "written before manifests: checked by format only")
+    return backup
 
 
 def commit(folder: str | os.PathLike, written: Mapping[str, str | os.PathLike],

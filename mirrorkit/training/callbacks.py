@@ -51,7 +51,6 @@ import logging
 import os
 import shutil
 import threading
-from pathlib import Path
 from typing import Any
 
 import keras
@@ -178,60 +177,29 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         logger.info("mirrorkit: resumed at epoch %d from the chief's backup", epoch)
 
     def _load_model(self):
-        if "://" in self.backup_dir:  # gs://, s3://...: Keras's own (gfile) reads
-            return super()._load_model()
+        if "://" in self.backup_dir or not self.model.built:
+            return super()._load_model()  # gs://, s3://: gfile; unbuilt: Keras's error
         # Keras loads whatever is there: no weights file meant random weights
-        # labelled as later epochs, no metadata a silent restart at epoch 0, a
-        # damaged file an h5py traceback naming no file. Verify first.
-        self._restored = False
-        backup = backup_manifest.choose(self.backup_dir)
-        if backup is None:
-            return None  # nothing backed up yet: a fresh start, as in Keras
+        # labelled as later epochs, no metadata a silent restart at epoch 0.
         model = self.model
-        if not model.built:
-            return super()._load_model()  # Keras's own "must be built" error
-        if model.optimizer is not None and not model.optimizer.built:
-            model.optimizer.build(model.trainable_variables)
-        try:
-            model.load_weights(str(backup.weights))
-        except Exception as err:  # noqa: BLE001 -- h5py/Keras errors name no file
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            raise backup_manifest.BackupDamaged(
-                f"Cannot resume from {backup.weights}: it does not load into this model "
-                f"({type(err).__name__}: {first}). Start over (delete {self.backup_dir}) "
-                f"or resume with the model that wrote it.") from err
-        model._initial_epoch = backup.epoch
-        self._restored = True
-        if backup.folder != Path(self.backup_dir) or backup.checked != "manifest":
-            logger.warning("mirrorkit: resuming at epoch %d from %s (%s)", backup.epoch,
-                           backup.folder, "the previous backup" if backup.checked == "manifest"
-                           else "written before manifests: checked by format only")
-        return None
+        backup = backup_manifest.restore(model, self.backup_dir)
+        self._restored = backup is not None
+        if backup is not None:
+            model._initial_epoch = backup.epoch
 
     def _save_model(self):
         if "://" in self.backup_dir:  # gs://, s3://...: Keras's own (gfile) writes
             return super()._save_model()
-        # Keras writes the backup in place: a worker killed mid-write (a lost
-        # machine, SIGKILL, OOM) left a half-written latest.weights.h5 that no
-        # restart could load ("bad object header version number"). Write both
-        # files beside it, then commit: the old backup becomes previous/, the
-        # files are renamed into place and the manifest comes last, so a
-        # resume can tell a complete backup from a part (backup_manifest).
+        # Keras writes in place: a worker killed mid-write (SIGKILL, OOM) left a
+        # half-written backup no restart could load. This writes beside it, then commits.
         os.makedirs(self.backup_dir, exist_ok=True)
         if self.double_checkpoint:
             for src, dst in ((self._weights_path, self._prev_weights_path),
                              (self._training_metadata_path, self._prev_training_metadata_path)):
                 if os.path.exists(src):
                     _atomic_copy(src, dst)
-        partial_weights = os.path.join(self.backup_dir, ".partial-latest.weights.h5")
-        partial_meta = os.path.join(self.backup_dir, ".partial-training_metadata.json")
-        self.model.save_weights(filepath=partial_weights, overwrite=True)
-        with open(partial_meta, "w") as f:
-            f.write(backup_manifest.metadata_text(self._current_epoch, self._last_batch_seen))
-        backup_manifest.commit(self.backup_dir, {
-            os.path.basename(self._weights_path): partial_weights,
-            os.path.basename(self._training_metadata_path): partial_meta,
-        }, epoch=self._current_epoch, batch=self._last_batch_seen)
+        backup_manifest.save(self.model, self.backup_dir, self._current_epoch,
+                             self._last_batch_seen)
 
     def on_train_end(self, logs=None):
         super().on_train_end(logs)
