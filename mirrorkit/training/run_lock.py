@@ -124,17 +124,23 @@ class RunLock:
         ...     pass
     """
 
-    def __init__(self, path: Path | None, fd: int | None) -> None:
-        self.path, self._fd = path, fd
+    def __init__(self, path: Path | None, fd: int | None, *, made_folder: bool = False) -> None:
+        self.path, self._fd, self._made_folder = path, fd, made_folder
 
     def release(self) -> None:
-        """Delete the lock file (still holding it), then let go. Safe to call twice."""
+        """Delete the lock file (still holding it), then let go. Safe to call twice.
+
+        A folder the lock itself created and nothing else wrote into goes too:
+        a run refused before its first file leaves no trace.
+        """
         fd, self._fd = self._fd, None
         if fd is None:
             return
         try:
             if _is_current(fd, self.path):
                 os.unlink(self.path)
+                if self._made_folder and not any(self.path.parent.iterdir()):
+                    self.path.parent.rmdir()
         except OSError:
             pass   # a vanished or read-only folder: closing still frees the lock
         finally:
@@ -172,6 +178,7 @@ def acquire(out: Path, *, job: str | None = None, say: Callable[[str], Any] | No
 
     path = out / LOCK_NAME
     deadline = time.monotonic() + wait_same_job
+    made_folder = not out.is_dir()
     while True:
         fd = _open(out, path)
         try:
@@ -202,7 +209,7 @@ def acquire(out: Path, *, job: str | None = None, say: Callable[[str], Any] | No
             whose = ("this job's previous attempt, " if job and previous.job == job else "")
             say(f"lock      took over the stale lock of {out} left by {whose}"
                 f"{previous.describe()}, which no longer runs")
-        return RunLock(path, fd)
+        return RunLock(path, fd, made_folder=made_folder)
 
 
 def claim_output(config: Any, say: Callable[[str], Any]) -> tuple[Path, RunLock]:

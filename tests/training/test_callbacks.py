@@ -67,8 +67,9 @@ def test_chief_writes_the_real_paths_and_no_temporary_dirs(tmp_path, private_tmp
                               save_weights_only=True),
            mk.TensorBoard(str(tmp_path / "logs"))]
     model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=cbs, shuffle=False)
-    assert sorted(os.listdir(tmp_path / "backup")) == ["latest.weights.h5",
-                                                       "training_metadata.json"]
+    # The backup of epoch 2, its manifest, and epoch 1's kept until it was complete.
+    assert sorted(os.listdir(tmp_path / "backup")) == ["latest.weights.h5", "manifest.json",
+                                                       "previous", "training_metadata.json"]
     assert json.loads((tmp_path / "backup" / "training_metadata.json").read_text())["epoch"] == 2
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["e1.weights.h5", "e2.weights.h5"]
     assert os.listdir(tmp_path / "logs") == ["train"]
