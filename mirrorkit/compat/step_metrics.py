@@ -15,7 +15,11 @@ The fix reads the results once for all replicas (a ``merge_call``: the
 metric variables summed over every replica, as at the epoch's end), so each
 replica returns the global values and their average is that value. Custom
 steps that build their logs from ``metric.result()`` themselves are left
-alone.
+alone. Across workers (``MultiWorkerMirroredStrategy`` in multi-worker
+mode) it stays off: there every such read is a collective per metric
+variable per step, which would also tie the workers' step times together
+and hide a straggler from mirrorkit's per-worker monitoring; batch-end logs
+there remain the replicas' average (epoch logs are exact).
 
 Example:
     >>> from keras.src.trainers.trainer import Trainer             # doctest: +SKIP
@@ -26,6 +30,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from mirrorkit.strategy_facts import in_multi_worker_mode
+
 
 def make(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """Wrap ``Trainer.get_metrics_result`` (``original``) with the fix."""
@@ -35,7 +41,8 @@ def make(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
         context = tf.distribute.get_replica_context()
         if not tf.distribute.has_strategy() or context is None \
-                or context.num_replicas_in_sync <= 1:
+                or context.num_replicas_in_sync <= 1 \
+                or in_multi_worker_mode(tf.distribute.get_strategy()):
             return original(self)
         # In the merge call the metric variables read as their sum over replicas.
         return context.merge_call(lambda _strategy: original(self))
