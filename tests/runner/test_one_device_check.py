@@ -31,7 +31,8 @@ SCRIPT = REPO / "tests" / "fixtures" / "one_device_check" / "models.py"
 _RUNS = {
     "flag": ({}, ("--compare-one-device",)),
     "scalar_losses_off": ({"MIRRORKIT_COMPAT_DISABLE": "scalar-losses",
-                           "MIRRORKIT_COMPARE_ONE_DEVICE": "1"}, ()),
+                           "MIRRORKIT_COMPARE_ONE_DEVICE": "1",
+                           "ONE_DEVICE_CHECK_MODELS": "dense_mse,contrastive"}, ()),
     "plain": ({}, ()),
 }
 
