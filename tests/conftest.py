@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -356,8 +357,42 @@ def _exclusive(item: pytest.Item | None) -> bool:
     return item is not None and item.get_closest_marker("exclusive") is not None
 
 
+def _cpu_seconds() -> float:
+    import resource
+    return sum(resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
+               for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+
+
+@contextlib.contextmanager
+def _cpu_log(item: pytest.Item):
+    """With MIRRORKIT_TEST_CPU_LOG=FILE: each test's CPU seconds, its processes included.
+
+    Wall time on 2 shared cores says little about what a test costs the suite;
+    CPU seconds (this process and every child it waited for: TensorFlow
+    subprocesses, launched workers) do, whatever runs beside it. One JSON line
+    per test; ``tools/test_durations.py --cpu FILE`` turns them into weights.
+    """
+    log = os.environ.get("MIRRORKIT_TEST_CPU_LOG")
+    if not log:
+        yield
+        return
+    start, wall = _cpu_seconds(), time.monotonic()
+    try:
+        yield
+    finally:
+        line = json.dumps({"test": item.nodeid, "cpu": round(_cpu_seconds() - start, 2),
+                           "wall": round(time.monotonic() - wall, 2)})
+        with open(log, "a") as out:
+            out.write(line + "\n")
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    with _cpu_log(item):
+        return (yield from _held(item, nextitem))
+
+
+def _held(item: pytest.Item, nextitem):
     lock = item.config.stash.get(_LOCK, None)
     if lock is None:
         return (yield)
