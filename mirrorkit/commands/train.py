@@ -105,7 +105,9 @@ def build_data_options(kwargs: dict[str, Any]) -> Any:
 
 @click.command()
 @data_options
-@click.option("--model", default="cnn", show_default=True, help=f"{', '.join(MODELS)}.")
+@click.option("--model", default="cnn", show_default=True,
+              help=f"{', '.join(MODELS)} (the names after resnet56 are keras.applications "
+              "models: with --weights they fine-tune).")
 @click.option("--augment", is_flag=True,
               help="Random flip + translation layers inside the model (on the device).")
 @click.option("--epochs", type=int, default=defaults.DEFAULT_EPOCHS, show_default=True,
@@ -166,6 +168,22 @@ def build_data_options(kwargs: dict[str, Any]) -> Any:
 @click.option("--export", type=click.Choice(["saved_model"]), default=None,
               help="Also write OUTPUT/saved_model: a TensorFlow SavedModel for serving "
               "(uint8 images of any size in, class probabilities out, preprocessing inside).")
+@click.option("--weights", default=None, metavar="imagenet|PATH",
+              help="Fine-tune a keras.applications --model from pretrained weights: imagenet "
+              "(Keras downloads them once per machine into its cache) or a local backbone "
+              ".weights.h5 or .keras model (e.g. an earlier run's model.keras). Trains in two "
+              "phases: the new head with the backbone frozen, then the whole model at "
+              "--fine-tune-lr. Example: --model resnet50 --weights imagenet")
+@click.option("--head-epochs", type=int, default=None, metavar="K",
+              help="With --weights: epochs of phase 1 (backbone frozen). Default: half of "
+              "--epochs (at least 1). Example: --epochs 10 --head-epochs 3")
+@click.option("--fine-tune-lr", type=float, default=None,
+              help="With --weights: phase-2 learning rate for a global batch of "
+              f"{defaults.BASE_BATCH}, scaled like --lr. Default: a tenth of phase 1's. "
+              "Example: --fine-tune-lr 1e-4")
+@click.option("--fine-tune-layers", type=int, default=None, metavar="N",
+              help="With --weights: unfreeze only the backbone's top N layers in phase 2. "
+              "Default: the whole backbone. Example: --fine-tune-layers 30")
 def train(**kwargs: Any) -> None:
     """Train a vision model on every local device (or as one worker of a TF_CONFIG cluster).
 
@@ -189,6 +207,8 @@ def train(**kwargs: Any) -> None:
       mirrorkit train --output runs/a --resume
       mirrorkit train --target 'val_accuracy>=0.95' --target 'wall_time_seconds<=600'
       mirrorkit train --lr 0.05 --spike-factor 10 --max-rollbacks 3
+      mirrorkit train --dataset folder:photos/ --model mobilenet_v2 --weights imagenet
+      mirrorkit train --model mobilenet_v2 --weights backbone.weights.h5 --head-epochs 2
     """
     from mirrorkit import _env
 

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 from mirrorkit.datasets import DataOptions, parse_spec
 from mirrorkit.datasets._base import check_positive_int
+from mirrorkit.training.finetune_options import check_fine_tune
 from mirrorkit.training.models import model_spec
 from mirrorkit.training.serving import check_format
 from mirrorkit.training.targets import parse_target
@@ -129,6 +130,14 @@ class TrainConfig:
 
     Raises:
         ValueError: for any invalid value, naming it (``Received: epochs=0``).
+        weights: fine-tune a ``keras.applications`` model from ``"imagenet"``
+            or a file (:mod:`mirrorkit.training.pretrained`), in two phases
+            (:mod:`mirrorkit.training.finetune`). Defaults to None (random).
+        head_epochs: phase-1 epochs (backbone frozen). Defaults to half of ``epochs``.
+        fine_tune_lr: phase-2 rate for a global batch of 32, scaled like
+            ``lr``. Defaults to a tenth of the scaled phase-1 rate.
+        fine_tune_layers: unfreeze only the backbone's top N layers in phase 2.
+            Defaults to None (all).
 
     Example:
         >>> TrainConfig(epochs=3).epochs
@@ -166,6 +175,10 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         from mirrorkit.distribute.selection import KINDS
+    weights: str | None = None
+    head_epochs: int | None = None
+    fine_tune_lr: float | None = None
+    fine_tune_layers: int | None = None
 
         parse_spec(self.dataset)
         model_spec(self.model)
@@ -209,6 +222,7 @@ class TrainConfig:
     @property
     def base_lr(self) -> float:
         """``lr``, or the optimizer's default, before scaling.
+        check_fine_tune(self)
 
         Example:
             >>> TrainConfig(optimizer="sgd").base_lr

@@ -44,6 +44,7 @@ class Fitted:
     monitor: Any
     rollback: Any
     events: EventLog
+    phases: dict[str, Any] | None = None   # fine-tuning (training.finetune), else None
 
 
 def start_events(run: Any, plan: Any, change: dict[str, Any] | None = None) -> EventLog:
@@ -81,8 +82,8 @@ def start_events(run: Any, plan: Any, change: dict[str, Any] | None = None) -> E
     return events
 
 
-def _callbacks(run: Any, plan: Any, events: EventLog,
-               reset_lr: float | None) -> tuple[list[Any], Any, Any, Any]:
+def _callbacks(run: Any, plan: Any, events: EventLog, reset_lr: float | None,
+               before_rollback: Sequence[Any] = ()) -> tuple[list[Any], Any, Any, Any]:
     import keras
 
     from mirrorkit.training.callbacks import BackupAndRestore, TensorBoard
@@ -119,16 +120,22 @@ def _callbacks(run: Any, plan: Any, events: EventLog,
     # saved (job._write_results removes it), so a Ctrl-C during the final
     # evaluation or save still leaves something to --resume from.
     own += [BackupAndRestore(backup_dir=str(out / "backup"), delete_checkpoint=False),
-            EpochEvents(events), rollback]
+            EpochEvents(events), *before_rollback, rollback]
     return own, meter, monitor, rollback
 
 
 def fit(run: Any, model: Any, plan: Any, train_ds: Any, val_ds: Any,
-        extra: Sequence[Any], events: EventLog, reset_lr: float | None = None) -> Fitted:
+        extra: Sequence[Any], events: EventLog, reset_lr: float | None = None, *,
+        epochs: int | None = None, initial_epoch: int = 0,
+        before_rollback: Sequence[Any] = ()) -> Fitted:
     """Fit with mirrorkit's callbacks, rolling back on divergence (see the module docstring).
 
     ``reset_lr``: a constant learning rate to set after the backup is
     restored (an elastic job whose batch changed: the backup holds the old rate).
+    ``epochs``/``initial_epoch``: fit only epochs ``initial_epoch`` to
+    ``epochs`` (default: the whole run), as one phase of a fine-tuning run
+    does; ``before_rollback``: callbacks placed after ``BackupAndRestore``
+    and before ``Rollback`` (training.phase_switch).
 
     Raises:
         RuntimeError: the loss diverged with no rollback left (epoch, step and
@@ -143,23 +150,24 @@ def fit(run: Any, model: Any, plan: Any, train_ds: Any, val_ds: Any,
     from mirrorkit.training.metering import NonFiniteLossError
     from mirrorkit.training.rollback import describe
 
-    own, meter, monitor, rollback = _callbacks(run, plan, events, reset_lr)
+    own, meter, monitor, rollback = _callbacks(run, plan, events, reset_lr, before_rollback)
     out, config = run.out, run.config
-    epochs: list[int] = []
-    initial = 0
+    end = epochs or config.epochs
+    epochs_done: list[int] = []
+    initial = initial_epoch
     try:
         while True:
             try:
                 # shuffle=False: the pipeline already shuffles (Keras would only warn).
-                history = model.fit(train_ds, epochs=config.epochs, steps_per_epoch=plan.steps,
+                history = model.fit(train_ds, epochs=end, steps_per_epoch=plan.steps,
                                     validation_data=val_ds, validation_steps=plan.val_steps,
                                     callbacks=own + list(extra), initial_epoch=initial,
                                     verbose=1 if run.runtime.is_chief else 0, shuffle=False)
-                epochs += history.epoch
-                return Fitted(epochs, meter, monitor, rollback, events)
+                epochs_done += history.epoch
+                return Fitted(epochs_done, meter, monitor, rollback, events)
             except NonFiniteLossError as err:
                 done = getattr(model, "history", None)
-                epochs += list(getattr(done, "epoch", []))
+                epochs_done += list(getattr(done, "epoch", []))
                 if rollback.exhausted:
                     raise _stopped(err, run, plan, rollback) from err
                 incident = rollback.prepare(err)

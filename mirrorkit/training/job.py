@@ -37,7 +37,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 from mirrorkit.training.config import BASE_BATCH, TrainConfig, TrainResult
 from mirrorkit.training.elastic import describe as describe_change
-from mirrorkit.training.fit_loop import failure_line, fit, start_events
+from mirrorkit.training.finetune import fit_model, load_pretrained
+from mirrorkit.training.fit_loop import failure_line, start_events
 from mirrorkit.training.output import RUN_FILES, default_output, relaunched_with_backup
 from mirrorkit.training.plan import TrainPlan, lr_text, make_plan
 from mirrorkit.training.run_lock import RunLock, claim_output
@@ -110,8 +111,8 @@ def _train(run: _Run, callbacks: Sequence[Any], started: float) -> TrainResult:
         change.update(learning_rate=plan.lr, lr_scaling=run.config.lr_scaling)
         run.tell(describe_change(change))
     events = start_events(run, plan, change)
-    fitted = fit(run, model, plan, train_ds, val_ds, callbacks, events,
-                 reset_lr=plan.lr if change is not None else None)
+    fitted = fit_model(run, model, plan, train_ds, val_ds, callbacks, events,
+                       reset_lr=plan.lr if change is not None else None)
     try:
         scores = _evaluate_all(model, data, plan.val_batch.global_batch)
         metrics = _metrics(run, data, plan, model, fitted, scores, started, change)
@@ -183,10 +184,12 @@ def _build_model(run: _Run, data: Any, plan: TrainPlan) -> Any:
 
     config = run.config
     keras.utils.set_random_seed(config.seed)
+    # Read (or downloaded) before the scope: a throwaway backbone, not mirrored.
+    pretrained = load_pretrained(config, data.image_shape)
     with run.strategy.scope(), _dtype_policy(config.precision):
         model = build_model(config.model, input_shape=data.image_shape,
                             num_classes=data.num_classes, augment=config.augment,
-                            seed=config.seed)
+                            seed=config.seed, pretrained=pretrained)
         # jit_compile=False: XLA fails on logical (simulated) CPU devices, and
         # "auto" must not pick it silently.
         model.compile(optimizer=_optimizer(config.optimizer, plan.schedule(config),
@@ -225,7 +228,8 @@ def _summary(run: _Run, data: Any, plan: TrainPlan, model: Any) -> list[str]:
     return [
         f"dataset   {data.summary()}",
         f"model     {config.model}: {model.count_params():,} parameters"
-        f"{', augmentation' if config.augment else ''}, {config.precision}, seed {config.seed}",
+        f"{', augmentation' if config.augment else ''}, {config.precision}, seed {config.seed}"
+        f"{f', weights {config.weights}' if config.weights else ''}",
         f"strategy  {runtime.strategy}, {runtime.replicas} replica"
         f"{'s' if runtime.replicas != 1 else ''}{workers}{reason}",
         f"batch     {_batch_text(plan)}; {plan.steps} steps per epoch "
@@ -317,6 +321,7 @@ def _metrics(run: _Run, data: Any, plan: TrainPlan, model: Any, fitted: Any,
         "spike_factor": config.spike_factor,
         "max_rollbacks": config.max_rollbacks,
         "rollback_lr_factor": config.rollback_lr_factor,
+        "fine_tune": fitted.phases,
         "wall_time_seconds": round(time.monotonic() - started, 3),
     }
 

@@ -9,9 +9,11 @@ name                   model
                        of 3 basic blocks, 16/32/64 filters, option-A
                        shortcuts; 0.27M parameters on 10 classes
 ``resnet56``           the same with 9 blocks per stage; 0.86M parameters
-``resnet50``           ``keras.applications.ResNet50`` (weights=None)
-``mobilenet_v2``       ``keras.applications.MobileNetV2`` (weights=None)
-``efficientnet_b0``    ``keras.applications.EfficientNetB0`` (weights=None)
+``resnet50``,          any ``keras.applications`` model
+``mobilenet_v2``,      (:data:`mirrorkit.training.backbones.APPLICATIONS`):
+``efficientnet_b0``,   its own preprocessing, the backbone without its top,
+...                    Dropout and a new Dense head; random weights, or
+                       pretrained ones with ``pretrained`` (``--weights``)
 =====================  =====================================================
 
 Every model takes float32 images in [0, 1] of the dataset's shape, ends in a
@@ -36,7 +38,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Any, Callable
+from typing import Any
+
+from mirrorkit.training.backbones import APPLICATIONS, build_classifier
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,9 +67,7 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("cnn", "small CNN (fast; digits in seconds)"),
         ModelSpec("resnet20", "CIFAR ResNet-20 (He et al. 2016), option-A shortcuts"),
         ModelSpec("resnet56", "CIFAR ResNet-56 (He et al. 2016), option-A shortcuts"),
-        ModelSpec("resnet50", "keras.applications.ResNet50, weights=None", 32),
-        ModelSpec("mobilenet_v2", "keras.applications.MobileNetV2, weights=None", 32),
-        ModelSpec("efficientnet_b0", "keras.applications.EfficientNetB0, weights=None", 32),
+        *(ModelSpec(app.name, app.description, app.min_size) for app in APPLICATIONS.values()),
     )
 }
 
@@ -200,20 +202,6 @@ def _cifar_resnet(x: Any, blocks: int, shortcut: str) -> Any:
     return layers.GlobalAveragePooling2D()(x)
 
 
-def _application(name: str) -> tuple[Callable[..., Any], Callable[[Any], Any] | None]:
-    import keras
-    from keras import layers
-
-    if name == "resnet50":
-        return keras.applications.ResNet50, None
-    if name == "mobilenet_v2":
-        # MobileNetV2 expects inputs in [-1, 1].
-        return keras.applications.MobileNetV2, layers.Rescaling(2.0, offset=-1.0)
-    # EfficientNet rescales by 1/255 and normalises inside the model; give it
-    # the 0..255 range it expects.
-    return keras.applications.EfficientNetB0, layers.Rescaling(255.0)
-
-
 def build_model(
     name: str = "cnn",
     *,
@@ -222,6 +210,7 @@ def build_model(
     augment: bool = False,
     shortcut: str = "A",
     seed: int | None = None,
+    pretrained: list[Any] | None = None,
 ) -> Any:
     """Build (uncompiled) model ``name`` for images of ``input_shape``.
 
@@ -234,6 +223,10 @@ def build_model(
             paper's CIFAR setting; default) or ``"B"`` (1x1 conv projection
             when the shape changes).
         seed: seed of the augmentation layers.
+        pretrained: ``keras.applications`` models only: the backbone's
+            weights (:func:`mirrorkit.training.finetune.load_pretrained`);
+            the backbone then runs with ``training=False`` (see
+            :mod:`mirrorkit.training.backbones`). Defaults to None (random).
 
     Returns:
         A functional ``keras.Model`` named ``name``.
@@ -256,19 +249,22 @@ def build_model(
     import keras
     from keras import layers
 
+    if name in APPLICATIONS:
+        model = build_classifier(APPLICATIONS[name], input_shape=input_shape,
+                                 num_classes=num_classes, pretrained=pretrained is not None,
+                                 augmentation=augmentation(seed) if augment else None)
+        if pretrained is not None:
+            model.get_layer("backbone").set_weights(pretrained)
+        return model
+    if pretrained is not None:
+        raise ValueError(f"Pretrained weights need a keras.applications model; {name!r} has "
+                         f"no backbone. Received: model={name!r}")
     inputs = keras.Input(shape=tuple(int(d) for d in input_shape), name="image")
     x = augmentation(seed)(inputs) if augment else inputs
     if name == "cnn":
         x = _cnn(x)
-    elif name in _RESNET_BLOCKS:
-        x = _cifar_resnet(x, _RESNET_BLOCKS[name], shortcut)
     else:
-        app, prepare = _application(name)
-        if prepare is not None:
-            x = prepare(x)
-        base = app(include_top=False, weights=None, input_shape=tuple(input_shape),
-                   pooling="avg")
-        x = base(x)
+        x = _cifar_resnet(x, _RESNET_BLOCKS[name], shortcut)
     # float32 softmax: under mixed precision a float16 softmax loses accuracy
     # and the loss must be computed in float32.
     outputs = layers.Dense(num_classes, activation="softmax", dtype="float32",
