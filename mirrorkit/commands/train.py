@@ -7,6 +7,7 @@ Thin: options -> :class:`mirrorkit.training.TrainConfig` ->
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import click
@@ -38,6 +39,10 @@ class _StepsPerExecution(click.ParamType):
 
 
 _STEPS_PER_EXECUTION = _StepsPerExecution()
+
+# --augment: "flip-shift" is TrainConfig.augment (model layers), "crop" the
+# data source's own (DataOptions.augment).
+AUGMENT_MODES = ("none", "flip-shift", "crop")
 
 _DATA_OPTIONS = ("image_size", "channels", "classes", "examples", "data_dir", "download",
                  "train_split", "val_split", "val_fraction", "val_files")
@@ -108,8 +113,14 @@ def build_data_options(kwargs: dict[str, Any]) -> Any:
 @click.option("--model", default="cnn", show_default=True,
               help=f"{', '.join(MODELS)} (the names after resnet56 are keras.applications "
               "models: with --weights they fine-tune).")
-@click.option("--augment", is_flag=True,
-              help="Random flip + translation layers inside the model (on the device).")
+@click.option("--augment", type=click.Choice(AUGMENT_MODES), is_flag=False,
+              flag_value="flip-shift", default="none", show_default=True,
+              help="flip-shift (also --augment alone): random flip + translation layers "
+              "inside the model. crop (folder: and files: only): random-resized-crop + "
+              "flip decoded straight from each JPEG, center crop for validation. "
+              "Example: --augment crop")
+@click.option("--cache", is_flag=True,
+              help="folder:/files: keep the encoded images in memory after the first epoch.")
 @click.option("--epochs", type=int, default=defaults.DEFAULT_EPOCHS, show_default=True,
               help="Epochs to train.")
 @click.option("--per-replica-batch", type=int, default=None,
@@ -204,6 +215,7 @@ def train(**kwargs: Any) -> None:
       mirrorkit train --simulate-cpus 2 --per-replica-batch 32 --global-batch 256
       mirrorkit train --dataset tfds:mnist --data-dir ~/tensorflow_datasets
       mirrorkit train --dataset folder:photos/ --image-size 64 --augment
+      mirrorkit train --dataset folder:photos/ --image-size 224 --augment crop --cache
       mirrorkit train --output runs/a --resume
       mirrorkit train --target 'val_accuracy>=0.95' --target 'wall_time_seconds<=600'
       mirrorkit train --lr 0.05 --spike-factor 10 --max-rollbacks 3
@@ -218,7 +230,10 @@ def train(**kwargs: Any) -> None:
         from mirrorkit.training import train as run_training
         from mirrorkit.training.backup_manifest import FALLBACK
 
-        data = build_data_options(kwargs)
+        mode = kwargs.pop("augment")
+        data = dataclasses.replace(build_data_options(kwargs), cache=kwargs.pop("cache"),
+                                   augment="crop" if mode == "crop" else "none")
+        kwargs["augment"] = mode == "flip-shift"
         previous = kwargs.pop("resume_previous")  # the fallback is the library's (env) choice
         config = TrainConfig(data=data, **{**kwargs, "resume": kwargs["resume"] or previous})
         with _env.patch({FALLBACK: "previous"} if previous else {}):

@@ -95,12 +95,23 @@ def shuffled(ds: Any, size: int, shuffle_buffer: int | None, seed: int | None) -
     return ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
 
 
-def _map(tf: Any, ds: Any, map_fn: Callable[..., Any] | None) -> Any:
+def _map(tf: Any, ds: Any, map_fn: Callable[..., Any] | None, *, training: bool = False,
+         seed: int | None = None) -> Any:
     if map_fn is None:
         return ds
     if not callable(map_fn):
         raise ValueError(f"`map_fn` must be callable. Received: map_fn={map_fn!r}")
-    return ds.map(map_fn, num_parallel_calls=tf.data.AUTOTUNE)
+    train_fn = getattr(map_fn, "train_fn", None) if training else None
+    if train_fn is None:
+        return ds.map(map_fn, num_parallel_calls=tf.data.AUTOTUNE)
+    # One seed per example from a seeded stream, redrawn every epoch: the
+    # k-th example's random crop depends on (seed, epoch, k) only, not on
+    # which thread decodes it, so a seeded run repeats (and every worker of
+    # a DATA-sharded job draws the same crops for the same stream).
+    seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
+    ds = tf.data.Dataset.zip((ds, seeds))
+    return ds.map(lambda example, pair: train_fn(*example, pair),
+                  num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def train_pipeline(
@@ -114,6 +125,7 @@ def train_pipeline(
     map_fn: Callable[..., Any] | None = None,
     num_workers: int | None = None,
     num_files: int | None = None,
+    training: bool | None = None,
 ) -> Any:
     """Build the training ``tf.data`` pipeline for one process.
 
@@ -141,6 +153,11 @@ def train_pipeline(
         num_workers: training processes. Defaults to the current strategy's.
         num_files: how many files ``data`` reads, when it reads files; enables
             FILE sharding (see :func:`shard_policy`).
+        training: use ``map_fn.train_fn`` (random augmentation, e.g. the
+            random-resized-crop of :class:`mirrorkit.datasets.jpeg_crops.ImageDecoder`)
+            when ``map_fn`` has one, with a per-example seed drawn from
+            ``seed``. Defaults to ``shuffle``: an unshuffled pipeline (the
+            per-epoch validation) gets the deterministic ``map_fn``.
 
     Returns:
         A ``tf.data.Dataset`` of global batches, with the auto-shard policy set.
@@ -171,7 +188,7 @@ def train_pipeline(
             logger.info("train_pipeline: DATA sharding needs the same order on every "
                         "worker; shuffling with seed=%d", seed)
         ds = shuffled(ds, size, shuffle_buffer, seed)
-    ds = _map(tf, ds, map_fn)
+    ds = _map(tf, ds, map_fn, training=shuffle if training is None else training, seed=seed)
     ds = ds.batch(batch.global_batch, drop_remainder=True)
     return _with_options(tf, ds.prefetch(tf.data.AUTOTUNE), policy)
 

@@ -81,6 +81,12 @@ class DataOptions:
             the fraction of every class held out for validation. Defaults to 0.2.
         val_files: ``files:`` glob of the validation shards. Defaults to the
             ``val`` shards listed by ``mirrorkit export``'s metadata file.
+        augment: ``folder:`` and ``files:``: ``"crop"`` decodes training
+            images to a random-resized-crop + flip and validation images to a
+            center crop (:mod:`mirrorkit.datasets.jpeg_crops`). Defaults to
+            ``"none"``: the whole image, resized.
+        cache: ``folder:`` and ``files:``: keep the encoded images in memory
+            after the first epoch. Defaults to False.
 
     Example:
         >>> DataOptions(image_size="32x32").image_size
@@ -97,9 +103,14 @@ class DataOptions:
     val_split: str | None = None
     val_fraction: float = 0.2
     val_files: str | None = None
+    augment: str = "none"
+    cache: bool = False
 
     def __post_init__(self) -> None:
+        from mirrorkit.datasets.jpeg_crops import check_augment
+
         object.__setattr__(self, "image_size", normalize_image_size(self.image_size))
+        check_augment(self.augment)
         if self.channels is not None and self.channels not in (1, 3):
             raise ValueError(
                 "`channels` must be 1 (grayscale) or 3 (RGB). "
@@ -122,7 +133,10 @@ class ImageData:
     ``(x, label)``. ``x`` may still be encoded (bytes) or at the source's
     size: ``map_fn`` turns one example into ``(image, label)`` with a float32
     ``image`` of :attr:`image_shape` in [0, 1]. Pipelines apply it after
-    shuffling, so the shuffle buffer holds small encoded examples.
+    shuffling, so the shuffle buffer holds small encoded examples. A
+    ``map_fn`` with a ``train_fn`` attribute that is not None
+    (:class:`~mirrorkit.datasets.jpeg_crops.ImageDecoder`) has a random
+    training variant ``train_fn(x, label, seed)``.
 
     Attributes:
         name: the dataset spec, e.g. ``"digits"`` or ``"tfds:mnist"``.

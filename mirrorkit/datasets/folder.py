@@ -11,6 +11,12 @@ Every image is decoded once when the dataset is loaded, so a corrupt or
 mislabelled file is named up front rather than failing a training step
 later with a bare decode error.
 
+The pipeline reads and decodes each file in one parallel map
+(:class:`~mirrorkit.datasets.jpeg_crops.ImageDecoder`); with
+``augment="crop"`` a JPEG is decoded only inside its training or validation
+crop window. ``cache=True`` keeps the encoded files in memory after the first
+epoch (decoding and the random crops still run every epoch).
+
 Example:
     >>> data = load_folder("photos/")                  # doctest: +SKIP
     >>> data.class_names                               # doctest: +SKIP
@@ -25,10 +31,10 @@ from typing import Any
 from mirrorkit.datasets._base import (
     DataOptions,
     ImageData,
-    decode_fn,
     stratified_split,
     tf_error_text,
 )
+from mirrorkit.datasets.jpeg_crops import ImageDecoder
 
 EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
 
@@ -107,8 +113,9 @@ def load_folder(path: str, options: DataOptions | None = None) -> ImageData:
         path: the folder.
         options: ``image_size`` (default: the first image's size; others are
             resized to it), ``channels`` (default: 1 if the first image is
-            grayscale, else 3) and ``val_fraction`` (without ``train/`` +
-            ``val/``; default 0.2 of every class, fixed seed) apply.
+            grayscale, else 3), ``val_fraction`` (without ``train/`` +
+            ``val/``; default 0.2 of every class, fixed seed), ``augment``
+            and ``cache`` apply.
 
     Returns:
         An :class:`ImageData` that reads and decodes the files in the pipeline.
@@ -158,10 +165,22 @@ def load_folder(path: str, options: DataOptions | None = None) -> ImageData:
     channels = options.channels or (1 if first_channels in (1, 2) else 3)
     size = options.image_size or (height, width)
 
-    def read(files: list[str], labels: list[int]) -> Any:
-        ds = tf.data.Dataset.from_tensor_slices((files, np.array(labels, dtype="int32")))
-        return ds.map(lambda f, y: (tf.io.read_file(f), y), num_parallel_calls=tf.data.AUTOTUNE)
+    cache = options.cache
 
+    def read(files: list[str], labels: list[int]) -> Any:
+        # File names, not bytes: the decoder reads each file in the same
+        # parallel map that decodes it, and the shuffle buffer holds names.
+        ds = tf.data.Dataset.from_tensor_slices((files, np.array(labels, dtype="int32")))
+        if not cache:
+            return ds
+        return ds.map(lambda f, y: (tf.io.read_file(f), y),
+                      num_parallel_calls=tf.data.AUTOTUNE).cache()
+
+    decoder = ImageDecoder(size, channels, augment=options.augment, from_path=not cache)
+    notes = [split_note, decoder.describe()]
+    if cache:
+        megabytes = sum(Path(f).stat().st_size for f in train_files + val_files) / 1e6
+        notes.append(f"encoded files cached in memory ({megabytes:,.0f} MB)")
     return ImageData(
         name=spec,
         train=read(train_files, train_labels),
@@ -170,7 +189,7 @@ def load_folder(path: str, options: DataOptions | None = None) -> ImageData:
         num_classes=len(names),
         train_examples=len(train_files),
         val_examples=len(val_files),
-        map_fn=decode_fn(size, channels),
+        map_fn=decoder,
         class_names=tuple(names),
-        description=f"image files, {split_note}",
+        description="image files, " + "; ".join(notes),
     )

@@ -37,9 +37,9 @@ from mirrorkit.datasets._base import (
     DataOptions,
     ImageData,
     check_positive_int,
-    decode_fn,
     tf_error_text,
 )
+from mirrorkit.datasets.jpeg_crops import ImageDecoder
 
 METADATA = "mirrorkit-dataset.json"
 FORMAT = "mirrorkit-tfrecord-v1"
@@ -145,7 +145,8 @@ def load_files(pattern: str, options: DataOptions | None = None) -> ImageData:
             ``mirrorkit export`` (its metadata lists both splits).
         options: ``val_files`` (required for a bare glob without metadata),
             ``image_size`` (default: the first image's size) and ``channels``
-            (default: the first image's) apply.
+            (default: the first image's), ``augment`` (``"crop"``: JPEG
+            records are decoded only inside the crop window) and ``cache`` apply.
 
     Returns:
         An :class:`ImageData` whose training data reads its files one after the
@@ -193,7 +194,14 @@ def load_files(pattern: str, options: DataOptions | None = None) -> ImageData:
             ex = tf.io.parse_single_example(record, parse_spec)
             return ex["image"], ex["label"]
 
-        return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+        ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+        return ds.cache() if options.cache else ds
+
+    decoder = ImageDecoder(size, channels, augment=options.augment)
+    notes = [f"{len(train)} train / {len(val)} val files", decoder.describe()]
+    if options.cache:
+        megabytes = sum(Path(f).stat().st_size for f in train + val) / 1e6
+        notes.append(f"records cached in memory ({megabytes:,.0f} MB)")
 
     return ImageData(
         name=spec,
@@ -203,10 +211,10 @@ def load_files(pattern: str, options: DataOptions | None = None) -> ImageData:
         num_classes=num_classes,
         train_examples=int(counts["train"]),
         val_examples=int(counts["val"]),
-        map_fn=decode_fn((int(size[0]), int(size[1])), channels),
+        map_fn=decoder,
         class_names=names,
         train_files=len(train),
-        description=f"TFRecord shards, {len(train)} train / {len(val)} val files",
+        description="TFRecord shards, " + "; ".join(notes),
     )
 
 

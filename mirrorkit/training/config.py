@@ -74,7 +74,9 @@ class TrainConfig:
         data: how to read it (image size, TFDS data_dir, splits, ...).
         model: ``cnn`` (default), ``resnet20``, ``resnet56``, ``resnet50``,
             ``mobilenet_v2`` or ``efficientnet_b0`` (see :mod:`mirrorkit.training.models`).
-        augment: random flip and translation layers inside the model.
+        augment: random flip and translation layers inside the model. The
+            random-resized-crop of JPEG folders and shards is ``data``'s
+            (``DataOptions(augment="crop")``, ``folder:`` and ``files:`` only).
         epochs: epochs to train. Defaults to 10 (digits: >= 0.95 val accuracy).
         per_replica_batch: examples per replica per step. Defaults to 32 when
             ``global_batch`` is not given.
@@ -180,11 +182,15 @@ class TrainConfig:
     fine_tune_lr: float | None = None
     fine_tune_layers: int | None = None
 
-        parse_spec(self.dataset)
+        kind, _ = parse_spec(self.dataset)
         model_spec(self.model)
         if not isinstance(self.data, DataOptions):
             raise ValueError(f"`data` must be a mirrorkit.datasets.DataOptions. "
                              f"Received: data={self.data!r}")
+        if self.data.augment != "none" and kind not in ("folder", "files"):
+            raise ValueError(f"augment={self.data.augment!r} decodes encoded images: it "
+                             "applies to folder:PATH and files:GLOB datasets only (use "
+                             f"--augment flip-shift here). Received: dataset={self.dataset!r}")
         check_positive_int("epochs", self.epochs)
         for name in ("per_replica_batch", "global_batch", "accumulate", "simulate_cpus"):
             if getattr(self, name) is not None:
