@@ -15,6 +15,9 @@ On a CPU-only machine ``replicas=n`` splits the CPU into ``n`` logical
 devices: the replicas then share the same cores, so the figures measure
 mirrorkit's and TensorFlow's overhead, not a speed-up.
 
+:mod:`mirrorkit.bench.input_only` (``mirrorkit bench --input-only``) times
+the training input pipeline alone against the decode floor of the same files.
+
 Example:
     >>> from mirrorkit.bench import BenchConfig, run_bench, write_report
     >>> config = BenchConfig(model="cnn", dataset="digits", replicas=(1, 2), steps=10)
@@ -25,6 +28,7 @@ Example:
 
 from mirrorkit.bench.child import step_timer, summarise_steps
 from mirrorkit.bench.config import FIELDS, BenchConfig, BenchReport, BenchRow, Case, parse_counts
+from mirrorkit.bench.input_only import InputBenchConfig, run_input_bench
 from mirrorkit.bench.output import plot_report, write_report
 from mirrorkit.bench.runs import child_command, machine_info, parse_result, run_bench
 
@@ -34,12 +38,14 @@ __all__ = [
     "BenchReport",
     "BenchRow",
     "Case",
+    "InputBenchConfig",
     "child_command",
     "machine_info",
     "parse_counts",
     "parse_result",
     "plot_report",
     "run_bench",
+    "run_input_bench",
     "step_timer",
     "summarise_steps",
     "write_report",

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import click
 
+from mirrorkit.bench.input_only import AUGMENTS
 from mirrorkit.commands._common import user_errors
 from mirrorkit.errors import MissingDependency, RunError
+
+# Options of the training benchmark that --input-only (one process, no model) has no use for.
+_TRAINING_ONLY = ("model", "replicas", "workers", "per_replica_batch", "timeout")
 
 
 @click.command()
@@ -30,9 +34,26 @@ from mirrorkit.errors import MissingDependency, RunError
               show_default=True, help="Directory for bench.json, bench.csv and bench.png.")
 @click.option("--timeout", type=click.FloatRange(min=1), default=600, show_default=True,
               help="Seconds one configuration may take before it is stopped.")
-def bench(model: str, dataset: str, replicas: str, workers: str,
+@click.option("--input-only", is_flag=True,
+              help="Time the training input pipeline alone (no model) beside the decode "
+              "floor of the same files and, for folder:, keras.utils.image_dataset_from_"
+              "directory; --steps batches per arm. Example: --input-only --dataset "
+              "folder:photos --image-size 224 --augment crop")
+@click.option("--image-size", default="224", show_default=True, metavar="N|HxW",
+              help="--input-only: the image size train would resize to.")
+@click.option("--batch", type=click.IntRange(min=1), default=64, show_default=True,
+              help="--input-only: images per batch (train's global batch).")
+@click.option("--augment", type=click.Choice(AUGMENTS), default="none", show_default=True,
+              help="--input-only: as train --augment (flip-shift runs in the model, so its "
+              "input pipeline is none's).")
+@click.option("--cache", is_flag=True, help="--input-only: as train --cache.")
+@click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
+              help="--input-only: alternated rounds over the arms; the median is reported.")
+@click.pass_context
+def bench(ctx: click.Context, model: str, dataset: str, replicas: str, workers: str,
           steps: int, warmup_steps: int, per_replica_batch: int, output: str,
-          timeout: float) -> None:
+          timeout: float, input_only: bool, image_size: str, batch: int, augment: str,
+          cache: bool, rounds: int) -> None:
     """Measure training images/s per replica and worker count, and scaling efficiency.
 
     Each configuration trains in a fresh process (workers > 1: real worker
@@ -40,12 +61,24 @@ def bench(model: str, dataset: str, replicas: str, workers: str,
     1.0 is linear scaling. Without GPUs, replicas share the same CPU cores, so
     the figures measure overhead, not speed-up.
 
+    With --input-only: the input pipeline train builds, alone, against the
+    decode floor of the same files (images/s, per core, ratios), written to
+    OUTPUT/input_bench.json; tells whether a job is input-bound and how many
+    cores per accelerator it needs.
+
     \b
     Examples:
       mirrorkit bench
       mirrorkit bench --model resnet20 --dataset synthetic --replicas 1,2,4 --steps 50
       mirrorkit bench --workers 1,2 --output bench-mw
+      mirrorkit bench --input-only --dataset folder:photos --image-size 224 --augment crop
     """
+    if input_only:
+        with user_errors():
+            _input_only(ctx, dataset=dataset, steps=steps, warmup_steps=warmup_steps,
+                        output=output, image_size=image_size, batch=batch, augment=augment,
+                        cache=cache, rounds=rounds)
+        return
     from mirrorkit.bench import BenchConfig, run_bench, write_report
 
     # Lists are parsed here, not by a click type, so a bad one is one line
@@ -69,3 +102,29 @@ def bench(model: str, dataset: str, replicas: str, workers: str,
                 f"(first: workers={report.failed[0].workers} replicas="
                 f"{report.failed[0].replicas}: {report.failed[0].error}); see {paths['json']}"
             )
+
+
+def _input_only(ctx: click.Context, *, dataset: str, steps: int, warmup_steps: int,
+                output: str, **options: object) -> None:
+    import json
+    from pathlib import Path
+
+    from mirrorkit import _env
+    from mirrorkit.bench.input_only import InputBenchConfig, run_input_bench, table
+
+    given = [name for name in _TRAINING_ONLY
+             if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+    if given:
+        names = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise click.UsageError(f"--input-only times one input pipeline, no model: drop {names}.")
+    config = InputBenchConfig(dataset=dataset, batches=steps, warmup_batches=warmup_steps,
+                              **options)
+    out = Path(output)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--output must be a directory. Received: output={output!r}")
+    _env.quiet_tensorflow()
+    report = run_input_bench(config, progress=lambda line: click.echo(line, err=True))
+    click.echo(table(report))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "input_bench.json").write_text(json.dumps(report, indent=2) + "\n")
+    click.echo(f"wrote {out / 'input_bench.json'}", err=True)
