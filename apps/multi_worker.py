@@ -5,7 +5,7 @@ first thing (MultiWorkerMirroredStrategy when TF_CONFIG names 2+ workers,
 with the Keras 3 compat fixes and bounded failure detection), the model built
 in ``strategy.scope()``, mirrorkit's chief-aware callbacks, and
 ``save_model`` for the final model. Without TF_CONFIG it trains in one
-process. Data: the 8x8 digits bundled with scikit-learn, a fixed split.
+process. Data: the 8x8 UCI digits bundled with mirrorkit, a fixed split.
 
 Two terminals on one machine (both may use the same --output; only the
 chief, worker 0, writes there):
@@ -73,11 +73,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def load_digits_split():
     """The bundled 8x8 digits, scaled to [0, 1], split by a fixed permutation."""
     import numpy as np
-    from sklearn.datasets import load_digits
 
-    digits = load_digits()
-    x = (digits.images / 16.0).astype("float32")[..., None]
-    y = digits.target.astype("int32")
+    from mirrorkit.datasets import digits_arrays
+
+    x, y = digits_arrays()
     order = np.random.RandomState(0).permutation(len(x))
     train, test = order[:_TRAIN_SIZE], order[_TRAIN_SIZE:]
     return (x[train], y[train]), (x[test], y[test])

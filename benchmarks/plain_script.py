@@ -10,7 +10,7 @@ each run ~20-40 s for cnn, ~1-3 min for resnet20 on 2 cores)::
 
 The models are defined here, with stock Keras layers (a small CNN for the
 8x8 digits, a CIFAR-style ResNet-20 for 32x32 images); the data are
-scikit-learn's digits or synthetic class templates plus noise, generated with
+the UCI digits mirrorkit embeds or synthetic class templates plus noise, generated with
 NumPy. The script keeps Keras's defaults (``steps_per_execution=1``, arrays
 handed to ``fit``, ``validation_data``), and times its own epochs with an
 epoch-level callback (no per-batch hook: ``--speed-up-fit`` may act), so the
@@ -32,15 +32,13 @@ from keras import layers
 def load_data(name: str, seed: int = 0):
     """``(x_train, y_train), (x_val, y_val)``: digits (8x8x1) or synthetic (32x32x3), in [0, 1]."""
     if name == "digits":
-        from sklearn.datasets import load_digits
-        from sklearn.model_selection import train_test_split
+        from mirrorkit.datasets import digits_arrays
 
-        digits = load_digits()
-        x = (digits.images / 16.0).astype("float32")[..., None]
-        y = digits.target.astype("int32")
-        x_train, x_val, y_train, y_val = train_test_split(x, y, test_size=0.2, stratify=y,
-                                                          random_state=seed)
-        return (x_train, y_train), (x_val, y_val)
+        x, y = digits_arrays()
+        order = np.random.default_rng(seed).permutation(len(x))
+        x, y = x[order], y[order]
+        split = int(0.8 * len(x))
+        return (x[:split], y[:split]), (x[split:], y[split:])
     rng = np.random.default_rng(seed)
     templates = rng.uniform(0, 1, (10, 32, 32, 3)).astype("float32")
 

@@ -3,8 +3,9 @@
 =================  ==========================================================
 spec               data
 =================  ==========================================================
-``digits``         embedded: scikit-learn's 1,797 8x8 grayscale handwritten
-                   digits, 10 classes, fixed 80/20 stratified split
+``digits``         embedded: the UCI 1,797 8x8 grayscale handwritten digits
+                   (as scikit-learn ships them), 10 classes, fixed 80/20
+                   stratified split; :func:`digits_arrays` gives the arrays
 ``synthetic``      random images of ``image_size`` x ``channels``, ``classes``,
                    ``examples``; generated on the fly (benchmarks)
 ``tfds:NAME``      a TensorFlow Datasets dataset in ``data_dir``; offline
@@ -33,6 +34,7 @@ import difflib
 from pathlib import Path
 
 from mirrorkit.datasets._base import DataOptions, ImageData, normalize_image_size
+from mirrorkit.datasets.builtin import digits_arrays
 from mirrorkit.datasets.tfrecord import METADATA, export_tfrecords
 
 __all__ = [
@@ -40,6 +42,7 @@ __all__ = [
     "ImageData",
     "METADATA",
     "SOURCES",
+    "digits_arrays",
     "export_tfrecords",
     "load",
     "normalize_image_size",

@@ -177,8 +177,8 @@ class ImageData:
         Example:
             >>> import mirrorkit.datasets as mds
             >>> print(mds.load("digits").summary())  # doctest: +NORMALIZE_WHITESPACE
-            digits: 1,438 train / 359 val images, 8x8x1, 10 classes (scikit-learn handwritten
-            digits, embedded)
+            digits: 1,438 train / 359 val images, 8x8x1, 10 classes (UCI handwritten digits,
+            embedded)
         """
         h, w, c = self.image_shape
         text = (f"{self.name}: {self.train_examples:,} train / {self.val_examples:,} val "

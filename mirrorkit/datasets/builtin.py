@@ -8,6 +8,7 @@ Example:
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from mirrorkit.datasets._base import (
@@ -19,6 +20,12 @@ from mirrorkit.datasets._base import (
 )
 
 DIGITS_VAL_FRACTION = 0.2
+# The UCI optical-recognition digits (CC BY 4.0), as scikit-learn ships them:
+# 1,797 8x8 images of 0..16 and their labels, as uint8 (45 kB). Shipped with
+# mirrorkit rather than read from scikit-learn, because Keras imports
+# scikit-learn (its sklearn wrappers) whenever it is installed, which costs
+# every TensorFlow process about a second of CPU.
+DIGITS_FILE = Path(__file__).with_name("digits.npz")
 SYNTHETIC_DEFAULT_SIZE = (32, 32)
 SYNTHETIC_DEFAULT_CHANNELS = 3
 # Synthetic images up to this many bytes (train + validation, float32) are
@@ -26,8 +33,30 @@ SYNTHETIC_DEFAULT_CHANNELS = 3
 SYNTHETIC_CACHE_BYTES = 64 * 2**20
 
 
+def digits_arrays() -> tuple[Any, Any]:
+    """The embedded digits as NumPy arrays: images in [0, 1] and integer labels.
+
+    The 1,797 UCI handwritten digits (8x8 grayscale, 10 classes) that
+    scikit-learn also ships, in their original order, for scripts that want
+    small real images without a download and without scikit-learn.
+
+    Returns:
+        ``(images, labels)``: float32 ``(1797, 8, 8, 1)`` and int32 ``(1797,)``.
+
+    Example:
+        >>> images, labels = digits_arrays()
+        >>> images.shape, labels[:5].tolist(), float(images.max())
+        ((1797, 8, 8, 1), [0, 1, 2, 3, 4], 1.0)
+    """
+    import numpy as np
+
+    with np.load(DIGITS_FILE) as data:
+        images, labels = data["images"], data["target"]
+    return (images / 16.0).astype("float32")[..., None], labels.astype("int32")
+
+
 def load_digits(options: DataOptions | None = None) -> ImageData:
-    """The UCI handwritten digits that scikit-learn ships: 1,797 8x8 grayscale images.
+    """The UCI handwritten digits, embedded: 1,797 8x8 grayscale images.
 
     Pixel values 0..16 are scaled to 0..1; shape ``(8, 8, 1)``; 10 classes.
     20% of every class (359 images) is held out for validation with a fixed
@@ -44,12 +73,8 @@ def load_digits(options: DataOptions | None = None) -> ImageData:
         >>> data.train[0].shape, data.val[0].shape
         ((1438, 8, 8, 1), (359, 8, 8, 1))
     """
-    from sklearn import datasets as sk_datasets
-
     options = options or DataOptions()
-    bunch = sk_datasets.load_digits()
-    x = (bunch.images / 16.0).astype("float32")[..., None]
-    y = bunch.target.astype("int32")
+    x, y = digits_arrays()
     train, val = stratified_split(y, DIGITS_VAL_FRACTION)
     channels = options.channels or 1
     height, width = options.image_size or x.shape[1:3]
@@ -63,7 +88,7 @@ def load_digits(options: DataOptions | None = None) -> ImageData:
         val_examples=len(val),
         map_fn=convert_fn(options.image_size, options.channels, 1),
         class_names=tuple(str(d) for d in range(10)),
-        description="scikit-learn handwritten digits, embedded",
+        description="UCI handwritten digits, embedded",
     )
 
 
