@@ -9,8 +9,8 @@
       -> "preprocess": the application's own ``preprocess_input`` (and, for
          C = 1, grayscale -> RGB), as a frozen Dense(3) layer
       -> "backbone": keras.applications.X(include_top=False, pooling="avg",
-         input_shape=(H, W, 3)), called with training=False when it starts
-         from pretrained weights (BatchNormalization in inference mode)
+         input_shape=(H, W, 3)); fine-tuning freezes its BatchNormalization
+         layers (inference mode, see mirrorkit.training.finetune)
       -> Dropout(0.2) -> Dense(num_classes, softmax, float32) "predictions"
 
 Every ``preprocess_input`` of ``keras.applications`` is a per-pixel affine
@@ -191,8 +191,7 @@ def set_preprocess(layer: Any, app: Application, channels: int) -> None:
 
 
 def build_classifier(app: Application, *, input_shape: tuple[int, int, int], num_classes: int,
-                     augmentation: Any = None, pretrained: bool = False,
-                     name: str | None = None) -> Any:
+                     augmentation: Any = None, name: str | None = None) -> Any:
     """The model of the module docstring, uncompiled, with a randomly initialised backbone.
 
     Args:
@@ -200,8 +199,6 @@ def build_classifier(app: Application, *, input_shape: tuple[int, int, int], num
         input_shape: ``(height, width, channels)`` of the images (1 or 3 channels).
         num_classes: outputs of the new head.
         augmentation: a layer to put first (training only), or None.
-        pretrained: call the backbone with ``training=False`` (BatchNormalization
-            in inference mode in every phase), as for a pretrained backbone.
         name: the model's name. Defaults to ``app.name``.
 
     Returns:
@@ -229,7 +226,7 @@ def build_classifier(app: Application, *, input_shape: tuple[int, int, int], num
     x = prepare(x)
     set_preprocess(prepare, app, channels)
     backbone = make_backbone(app, (height, width))
-    x = backbone(x, training=False) if pretrained else backbone(x)
+    x = backbone(x)
     x = layers.Dropout(HEAD_DROPOUT, name="head_dropout")(x)
     # float32 softmax: under mixed precision a float16 softmax loses accuracy.
     outputs = layers.Dense(num_classes, activation="softmax", dtype="float32",

@@ -10,9 +10,12 @@ The standard schedule of Keras's transfer-learning guide:
   model trains at ``--fine-tune-lr`` (default a tenth of the phase-1 rate)
   with a fresh optimizer state, as recompiling with a new optimizer gives.
 
-In both phases the backbone is called with ``training=False``, so its
-BatchNormalization layers stay in inference mode (their moving statistics
-never change, and small fine-tuning batches cannot wreck them). Each phase
+In both phases the backbone's BatchNormalization layers stay frozen, which
+in Keras 3 keeps them in inference mode: their moving statistics never
+change (small per-replica batches cannot wreck them, and replicas cannot
+drift apart), as Keras's EfficientNet fine-tuning example does. (The
+guide's ``backbone(x, training=False)`` alone does not do it in Keras 3:
+keras-team/keras#20285.) Each phase
 start prints one line (what is frozen, trainable parameters, learning
 rate, epochs) and writes a ``phase_start`` event; ``metrics.json`` holds
 ``fine_tune`` with the phases and one record per epoch with its ``phase``.
@@ -125,12 +128,30 @@ def load_pretrained(config: Any, image_shape: tuple[int, ...]) -> list[Any] | No
 
 def _set_phase(model: Any, phases: Phases, phase: int) -> int:
     """Freeze or unfreeze the backbone; return the trainable parameters."""
+    import keras
+
     backbone = model.get_layer("backbone")
     backbone.trainable = phase == 2
-    if phase == 2 and phases.fine_tune_layers:
-        for layer in backbone.layers[:-phases.fine_tune_layers]:
-            layer.trainable = False
+    if phase == 2:
+        if phases.fine_tune_layers:
+            for layer in backbone.layers[:-phases.fine_tune_layers]:
+                layer.trainable = False
+        # A frozen BatchNormalization runs in inference mode in Keras 3. The
+        # guide's `backbone(x, training=False)` does not hold it there: the
+        # functional model passes fit's training=True down to every nested
+        # layer (keras-team/keras#20285), so unfrozen BN layers would
+        # update their statistics from each replica's small batch.
+        for layer in _all_layers(backbone):
+            if isinstance(layer, keras.layers.BatchNormalization):
+                layer.trainable = False
     return int(sum(math.prod(w.shape) for w in model.trainable_weights))
+
+
+def _all_layers(model: Any) -> list[Any]:
+    found = []
+    for layer in getattr(model, "layers", []):
+        found += [layer, *_all_layers(layer)]
+    return found
 
 
 def _recompile(model: Any, plan: Any, strategy: Any) -> None:
@@ -170,6 +191,7 @@ def _describe(phases: Phases, phase: int, trainable: int) -> tuple[str, dict[str
         what = "fine-tune"
         frozen = (f"top {phases.fine_tune_layers} backbone layers unfrozen"
                   if phases.fine_tune_layers else "whole model unfrozen")
+        frozen += " except BatchNormalization"
         lr = phases.fine_tune_lr
     line = (f"phase {phase}/2  {what}: {frozen} (BatchNormalization in inference mode), "
             f"{trainable:,} trainable parameters, lr {lr:g}, epochs {first + 1}-{end}")

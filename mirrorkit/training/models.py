@@ -224,9 +224,8 @@ def build_model(
             when the shape changes).
         seed: seed of the augmentation layers.
         pretrained: ``keras.applications`` models only: the backbone's
-            weights (:func:`mirrorkit.training.finetune.load_pretrained`);
-            the backbone then runs with ``training=False`` (see
-            :mod:`mirrorkit.training.backbones`). Defaults to None (random).
+            weights (:func:`mirrorkit.training.finetune.load_pretrained`).
+            Defaults to None (random).
 
     Returns:
         A functional ``keras.Model`` named ``name``.
@@ -251,7 +250,7 @@ def build_model(
 
     if name in APPLICATIONS:
         model = build_classifier(APPLICATIONS[name], input_shape=input_shape,
-                                 num_classes=num_classes, pretrained=pretrained is not None,
+                                 num_classes=num_classes,
                                  augmentation=augmentation(seed) if augment else None)
         if pretrained is not None:
             model.get_layer("backbone").set_weights(pretrained)

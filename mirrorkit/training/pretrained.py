@@ -35,6 +35,7 @@ import hashlib
 import logging
 import re
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -92,7 +93,11 @@ def backbone_arrays(spec: str, app: Application, image_size: tuple[int, int]) ->
     if spec.endswith(".keras"):
         return _from_model_file(path, backbone, app, image_size)
     try:
-        backbone.load_weights(str(path))
+        with warnings.catch_warnings():
+            # Keras warns per layer it cannot fill before it raises: the
+            # error below says it in one line.
+            warnings.simplefilter("ignore", UserWarning)
+            backbone.load_weights(str(path))
     except Exception as err:  # noqa: BLE001 -- h5py/Keras mismatch errors vary by version
         raise ValueError(f"--weights {spec} does not fit {app.name}: expected "
                          f"{_describe(backbone, app, image_size)}; found {_h5_contents(path)} "
@@ -102,7 +107,11 @@ def backbone_arrays(spec: str, app: Application, image_size: tuple[int, int]) ->
 
 def _download(app: Application, image_size: tuple[int, int]) -> Any:
     try:
-        return make_backbone(app, image_size, weights=IMAGENET)
+        with warnings.catch_warnings():
+            # "Weights for input shape (224, 224) will be loaded": true and
+            # harmless for a backbone without its top.
+            warnings.simplefilter("ignore", UserWarning)
+            return make_backbone(app, image_size, weights=IMAGENET)
     except ValueError:
         raise  # Keras's own argument errors (e.g. an image size it has no weights for)
     except Exception as err:  # noqa: BLE001 -- get_file raises a bare Exception
