@@ -9,8 +9,10 @@ stripes, ...), so a classifier, and a pretrained backbone fine-tuned on it,
 has something to learn. Deterministic for a given ``--seed``.
 
 Example:
-    python tools/make_jpeg_folder.py /tmp/photos --images 3000 --classes 4
-    mirrorkit bench --input-only --dataset folder:/tmp/photos --image-size 224 --augment crop
+    python tools/make_jpeg_folder.py benchmarks/data/photos3000 --images 3000 --classes 4
+    mirrorkit bench --input-only --dataset folder:benchmarks/data/photos3000 --augment crop
+
+benchmarks/data/ is git-ignored: generated images are never committed.
 """
 
 from __future__ import annotations
