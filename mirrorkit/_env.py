@@ -52,6 +52,8 @@ COMPAT = "MIRRORKIT_COMPAT"
 COMPAT_DISABLE = "MIRRORKIT_COMPAT_DISABLE"
 # off: mirrorkit train writes its run folder without the one-writer lock (training.run_lock).
 RUN_LOCK = "MIRRORKIT_RUN_LOCK"
+# Set to 1 by Ray Train's TensorFlow backend (tf_keras); mirrorkit's workers run Keras 3.
+TF_USE_LEGACY_KERAS = "TF_USE_LEGACY_KERAS"
 # TensorFlow's own inter-op thread count (read by its C++ runtime).
 TF_INTER_OP_THREADS = "TF_NUM_INTEROP_THREADS"
 

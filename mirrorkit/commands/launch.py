@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from typing import Iterator
 
 import click
 
@@ -69,11 +71,25 @@ class _LauncherLog(logging.Handler):
               "more than 4 per core, or more than its available memory at about 0.7 GB "
               "per TensorFlow worker. Without it such a launch is refused in one line. "
               "Example: mirrorkit launch -n 12 --oversubscribe -- python train.py")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="auto", default=None,
+              metavar="[ADDRESS]",
+              help="Run the workers on a Ray cluster through Ray Train's TensorflowTrainer "
+              "(needs pip install \"mirrorkit[ray]\"): ADDRESS is its head's HOST:PORT, or "
+              "auto (the default: RAY_ADDRESS, else the cluster started on this machine). "
+              "--max-restarts, --min-workers and --gpus-per-worker map to Ray Train's. "
+              "Example: mirrorkit launch --ray auto -n 2 -- mirrorkit train --output /shared/a")
+@click.option("--cpus-per-worker", type=click.FloatRange(min=0, min_open=True), default=None,
+              metavar="C", help="With --ray: Ray CPUs each worker reserves (also its "
+              "intra-op threads). Default: 1.")
+@click.option("--storage", default=None, metavar="PATH",
+              help="With --ray: Ray Train's storage path for its records and the final "
+              "checkpoint, seen by every node. Default: Ray's ~/ray_results.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def launch(nproc: int | None, max_restarts: int, log_dir: str | None, port: int | None,
            gpus_per_worker: int | None, grace_period: float, hosts: str | None,
            node_rank: int, expose_network: bool, min_workers: int | None,
            elastic_batch: str | None, rendezvous_timeout: float, oversubscribe: bool,
+           ray_address: str | None, cpus_per_worker: float | None, storage: str | None,
            command: tuple[str, ...]) -> None:
     """Run COMMAND as N workers of one multi-worker cluster, restarting on failure.
 
@@ -98,6 +114,8 @@ def launch(nproc: int | None, max_restarts: int, log_dir: str | None, port: int 
       mirrorkit launch -n 2 --hosts node1,node2 --port 23456 --node-rank 0 -- python train.py
       # elastic: 3 workers, continue on 2 if one is lost for good:
       mirrorkit launch -n 3 --min-workers 2 --max-restarts 3 -- mirrorkit train --epochs 10
+      # on a Ray cluster (ray start --head), output on storage every node sees:
+      mirrorkit launch --ray auto -n 2 --max-restarts 2 -- mirrorkit train --output /shared/a
     """
     from mirrorkit.launcher import LaunchSpec
     from mirrorkit.launcher import launch as run
@@ -109,6 +127,11 @@ def launch(nproc: int | None, max_restarts: int, log_dir: str | None, port: int 
         if not command:
             raise ValueError("Missing the command to run, e.g. "
                              "'mirrorkit launch -n 2 -- python train.py'.")
+        if ray_address is not None:
+            _on_ray(ray_address, nproc, command, max_restarts, gpus_per_worker,
+                    cpus_per_worker, min_workers, elastic_batch, storage)
+        elif cpus_per_worker is not None or storage is not None:
+            raise click.UsageError("--cpus-per-worker and --storage apply to --ray jobs only.")
         world = nproc * (len(hosts.split(",")) if hosts else 1)
         if min_workers is not None and nproc > 0 and min_workers > world:
             raise click.BadParameter(
@@ -123,14 +146,50 @@ def launch(nproc: int | None, max_restarts: int, log_dir: str | None, port: int 
                           min_workers=min_workers, elastic_batch=elastic_batch,
                           rendezvous_timeout=rendezvous_timeout,
                           oversubscribe=oversubscribe)
-        log = logging.getLogger("mirrorkit.launcher")
-        handler = _LauncherLog()
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
-        log.propagate = False
-        try:
+        with _launcher_log():
             result = run(spec)
-        finally:
-            log.removeHandler(handler)
     click.echo(f"[launch] {result.summary()}", err=True)
     click.get_current_context().exit(result.exit_code)
+
+
+# Options a Ray job does not take: Ray places, connects and watches the workers.
+_LOCAL_ONLY = ("log_dir", "port", "grace_period", "hosts", "node_rank", "expose_network",
+               "rendezvous_timeout", "oversubscribe")
+
+
+def _on_ray(address: str, nproc: int, command: tuple[str, ...], max_restarts: int,
+            gpus: int | None, cpus: float | None, min_workers: int | None,
+            elastic_batch: str | None, storage: str | None) -> None:
+    """``--ray``: run the job through Ray Train (:mod:`mirrorkit.launcher.ray_job`), then exit."""
+    from click.core import ParameterSource
+
+    from mirrorkit.launcher.ray_job import RayJobSpec, run
+
+    ctx = click.get_current_context()
+    given = [f"--{name.replace('_', '-')}" for name in _LOCAL_ONLY
+             if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT]
+    if given:
+        raise click.UsageError(f"{', '.join(given)} do(es) not apply with --ray: Ray places, "
+                               "connects and stops the workers (drop the option).")
+    spec = RayJobSpec(command=command, nproc=nproc, address=address,
+                      cpus_per_worker=cpus or 1.0, gpus_per_worker=gpus or 0,
+                      max_restarts=max_restarts, min_workers=min_workers,
+                      elastic_batch=elastic_batch, storage=storage)
+    with _launcher_log():
+        result = run(spec)
+    click.echo(f"[launch] {result.summary()}", err=True)
+    ctx.exit(result.exit_code)
+
+
+@contextlib.contextmanager
+def _launcher_log() -> Iterator[None]:
+    """The launcher's log records on stderr as ``[launch] ...`` lines while in the block."""
+    log = logging.getLogger("mirrorkit.launcher")
+    handler = _LauncherLog()
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)

@@ -1,0 +1,183 @@
+"""``mirrorkit launch --ray`` on a real two-node Ray cluster, one node per network host.
+
+One cluster for the module: ``ray start --head`` on host ``rayhead`` and
+``ray start --address=...`` on host ``raynode`` (``tests/netns_hosts.py``:
+network namespaces on a private bridge, each with its own address), one CPU
+each, so Ray Train places one worker per node. The driver runs on
+``rayhead``, as a user runs it on the head node; every node sees this
+machine's files, as a shared filesystem. Ray's processes are the hosts'
+processes, killed with them at the end. Root only; skipped with the reason
+otherwise, and without Ray Train installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, clean_env
+from netns_hosts import TestHosts, unavailable
+
+try:
+    import ray  # noqa: F401
+
+    RAY_MISSING = None
+except ImportError as err:
+    RAY_MISSING = f"Ray Train is not installed ({err})"
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("netns-hosts"),
+              pytest.mark.skipif(unavailable() is not None, reason=str(unavailable())),
+              pytest.mark.skipif(RAY_MISSING is not None, reason=str(RAY_MISSING))]
+
+RAY = str(Path(sys.executable).parent / "ray")
+MIRRORKIT = [sys.executable, "-m", "mirrorkit"]
+SCRIPT = str(REPO / "tests" / "fixtures" / "scripts" / "save_the_usual_way.py")
+PORT = 6390
+# Fast peer-loss detection for the killed worker's survivor; no usage reports.
+ENV = {"MIRRORKIT_COLLECTIVE_TIMEOUT": "5", "RAY_USAGE_STATS_ENABLED": "0"}
+TRAIN = ["mirrorkit", "train", "--examples", "512", "--per-replica-batch", "32"]
+
+
+class Cluster:
+    """The two hosts with a Ray node each; ``launch`` runs the driver on the head's host."""
+
+    def __init__(self, hosts: TestHosts, address: str):
+        self.hosts, self.address = hosts, address
+
+    def launch(self, cwd: Path, *args: str, log: Path | None = None) -> subprocess.Popen:
+        sink = open(log or cwd / "driver.log", "w")
+        return self.hosts.popen("rayhead", [*MIRRORKIT, "launch", "--ray", self.address, *args],
+                                cwd=str(cwd), env=clean_env(**ENV), stdout=sink,
+                                stderr=subprocess.STDOUT, text=True)
+
+    def run(self, cwd: Path, *args: str, timeout: float = 240) -> tuple[int, str]:
+        log = cwd / "driver.log"
+        proc = self.launch(cwd, *args, log=log)
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise AssertionError(log.read_text()[-4000:]) from None
+        return code, log.read_text()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    # Ray's unix sockets live under --temp-dir: keep the path short (108 bytes at most).
+    temp = tempfile.mkdtemp(prefix="mkray", dir="/tmp")
+    with TestHosts(["rayhead", "raynode"]) as hosts:
+        head, node = hosts.addresses["rayhead"], hosts.addresses["raynode"]
+        env = clean_env(**ENV)
+        common = ["--num-cpus=1", "--num-gpus=0", "--disable-usage-stats"]
+        made = hosts.run("rayhead", [RAY, "start", "--head", f"--node-ip-address={head}",
+                                     f"--port={PORT}", "--include-dashboard=false",
+                                     f"--temp-dir={temp}", *common], env=env, timeout=120)
+        assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]
+        made = hosts.run("raynode", [RAY, "start", f"--address={head}:{PORT}",
+                                     f"--node-ip-address={node}", *common], env=env, timeout=120)
+        assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]
+        yield Cluster(hosts, f"{head}:{PORT}")
+    subprocess.run(["rm", "-rf", temp], check=False)
+
+
+def is_train(pid: int) -> bool:
+    """Process ``pid`` is a worker's ``mirrorkit train`` (not Ray's worker that runs it)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    return any(a.endswith("/mirrorkit") for a in argv) and "train" in argv
+
+
+def events(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+
+
+def epochs(out: Path) -> list[int]:
+    return [e["epoch"] for e in events(out) if e["event"] == "epoch_end"]
+
+
+def test_mirrorkit_train_on_two_ray_nodes_matches_a_local_launch(cluster, tmp_path):
+    code, text = cluster.run(tmp_path, "-n", "2", "--", *TRAIN, "--epochs", "2",
+                             "--output", str(tmp_path / "ray"))
+    assert code == 0, text[-4000:]
+    head, node = (cluster.hosts.addresses[h] for h in ("rayhead", "raynode"))
+    # One line on where the job runs, then each worker says where Ray placed it.
+    assert f"2 worker(s) through Ray Train on the cluster at {cluster.address} (2 node(s)" in text
+    placed = {line.split(" runs on node ")[1].split()[0] for line in text.splitlines()
+              if " runs on node " in line}
+    assert placed == {head, node}, text[-3000:]
+    assert "[0] strategy  multi_worker, 2 replicas, 2 workers" in text
+    assert "[launch] all 2 worker(s) succeeded" in text and "(0 restarts)" in text
+    assert "worker 0: " in text and "worker 1: " in text   # the per-worker summary
+    ray_metrics = json.loads((tmp_path / "ray" / "metrics.json").read_text())
+    assert ray_metrics["weights_in_sync"] == {"workers": 2, "identical": True,
+                                              "differing_workers": []}
+    assert epochs(tmp_path / "ray") == [1, 2]
+    # The same job launched on this machine: the same accuracy within noise.
+    local = subprocess.run([*MIRRORKIT, "launch", "-n", "2", "--", *TRAIN, "--epochs", "2",
+                            "--output", str(tmp_path / "local")], cwd=tmp_path,
+                           env=clean_env(**ENV), capture_output=True, text=True, timeout=240)
+    assert local.returncode == 0, local.stderr[-3000:]
+    local_metrics = json.loads((tmp_path / "local" / "metrics.json").read_text())
+    assert abs(ray_metrics["val_accuracy"] - local_metrics["val_accuracy"]) <= 0.03, (
+        ray_metrics["val_accuracy"], local_metrics["val_accuracy"])
+
+
+def test_an_unmodified_script_under_mirrorkit_run(cluster, tmp_path):
+    code, text = cluster.run(tmp_path, "-n", "2", "--", "mirrorkit", "run", SCRIPT, "out",
+                             "--epochs", "2")
+    assert code == 0, text[-4000:]
+    finals = sorted(line.split("] final loss ")[0] + "] " + line.split("] final loss ")[1]
+                    for line in text.splitlines() if "] final loss " in line)
+    assert [f[:3] for f in finals] == ["[0]", "[1]"], text[-3000:]
+    assert finals[0][4:] == finals[1][4:]     # one model: the same loss and accuracy
+    out = tmp_path / "out"
+    # Relative paths mean the driver's folder; only the chief's saves land there.
+    assert (out / "final.keras").is_file() and (out / "final.weights.h5").is_file()
+    assert [json.loads(line)["epoch"] for line in
+            (out / "history-worker0.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_a_killed_worker_restarts_the_group_and_every_epoch_runs_once(cluster, tmp_path):
+    out = tmp_path / "run"
+    log = tmp_path / "driver.log"
+    proc = cluster.launch(tmp_path, "-n", "2", "--max-restarts", "1", "--", *TRAIN,
+                          "--epochs", "3", "--output", str(out), log=log)
+    deadline = time.monotonic() + 180
+    # After epoch 1's backup, kill the worker program on the second node.
+    while not ((out / "events.jsonl").is_file() and 1 in epochs(out)):
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
+    victims = [pid for pid in cluster.hosts.pids("raynode") if is_train(pid)]
+    assert len(victims) == 1, victims
+    os.kill(victims[0], signal.SIGKILL)
+    code = proc.wait(240)
+    text = log.read_text()
+    assert code == 0, text[-5000:]
+    assert "(1 restarts)" in text and "(attempt 2)" in text
+    assert epochs(out) == [1, 2, 3], events(out)        # epoch 1 from the backup, each once
+    assert [e["attempt"] for e in events(out) if e["event"] == "restart"] == [2]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["epochs_run"] == 3 and metrics["weights_in_sync"]["identical"]
+
+
+def test_without_ray_installed_ray_is_one_line_naming_the_extra(tmp_path):
+    # A real import failure: a `ray` package on PYTHONPATH that cannot be imported.
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "__init__.py").write_text(
+        "raise ImportError('No module named ray')\n")
+    proc = subprocess.run([*MIRRORKIT, "launch", "--ray", "-n", "2", "--", "mirrorkit",
+                           "train"], env=clean_env(PYTHONPATH=str(tmp_path)),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "Error: --ray needs Ray Train, which is not installed (No module named ray): "
+        'pip install "mirrorkit[ray]"']
