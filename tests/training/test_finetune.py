@@ -208,3 +208,42 @@ def test_a_failed_imagenet_download_is_one_line(errors):
 def test_weights_need_a_keras_applications_model(errors):
     line = _one_line(errors["cnn"])
     assert "'cnn' has no pretrained backbone. Received: model='cnn'" in line
+
+
+_LAUNCHED = """
+import os, sys, keras
+from mirrorkit.datasets import DataOptions
+from mirrorkit.training import TrainConfig, train
+
+class DieInPhase2(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        # After the epoch-2 backup, first attempt only: the launcher restarts the group.
+        if epoch == 1 and os.environ.get("MIRRORKIT_RESTART_COUNT", "0") == "0":
+            os._exit(17)
+
+train(TrainConfig(dataset="synthetic", data=DataOptions(classes=3, examples=96),
+                  model="mobilenet_025", weights=sys.argv[1], epochs=3, head_epochs=1,
+                  per_replica_batch=16, output=sys.argv[2]),
+      callbacks=[DieInPhase2()], echo=print)
+"""
+
+
+def test_two_workers_restarted_in_phase2_resume_in_phase2_in_sync(two_phases, tmp_path):
+    """mirrorkit launch -n 2: both workers agree on the chief's backup epoch and its phase."""
+    _, first = two_phases
+    script = tmp_path / "launched.py"
+    script.write_text(_LAUNCHED)
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mirrorkit", "launch", "-n", "2", "--max-restarts", "1", "--",
+         sys.executable, str(script), str(first.parent / "backbone.weights.h5"), str(out)],
+        cwd=str(tmp_path), env=clean_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert (metrics["workers"], metrics["replicas"], metrics["initial_epoch"]) == (2, 2, 2)
+    assert [p["phase"] for p in metrics["fine_tune"]["phases"]] == [2]
+    assert [(r["epoch"], r["phase"]) for r in metrics["fine_tune"]["epochs"]] == [(3, 2)]
+    assert metrics["weights_in_sync"]["identical"], metrics["weights_in_sync"]
+    events = read_events(out / "events.jsonl")
+    assert [e["phase"] for e in events if e["event"] == "phase_start"] == [1, 2, 2]
+    assert [e["event"] for e in events].count("restart") == 1
