@@ -50,6 +50,7 @@ __all__ = [
     "fix_multi_worker",
     "get_strategy",
     "parse_tf_config",
+    "ray_trainer",
     "resolve_batch",
     "run_bench",
     "save_model",
@@ -72,7 +73,9 @@ _LAZY = {"WarmupSchedule": "mirrorkit.training.schedules",
          "train": "mirrorkit.training", "DataOptions": "mirrorkit.datasets",
          "build_model": "mirrorkit.training.models",
          # `mirrorkit bench` as a library (TensorFlow-free itself; lazy to keep import light).
-         "BenchConfig": "mirrorkit.bench", "run_bench": "mirrorkit.bench"}
+         "BenchConfig": "mirrorkit.bench", "run_bench": "mirrorkit.bench",
+         # Ray Train's TensorflowTrainer for a mirrorkit job (imports Ray when called).
+         "ray_trainer": "mirrorkit.launcher.ray_job"}
 
 
 def __getattr__(name: str) -> Any:

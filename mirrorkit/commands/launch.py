@@ -169,8 +169,10 @@ def _on_ray(address: str, nproc: int, command: tuple[str, ...], max_restarts: in
     given = [f"--{name.replace('_', '-')}" for name in _LOCAL_ONLY
              if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT]
     if given:
-        raise click.UsageError(f"{', '.join(given)} do(es) not apply with --ray: Ray places, "
-                               "connects and stops the workers (drop the option).")
+        raise click.UsageError(f"{', '.join(given)} cannot be used with --ray: Ray places, "
+                               "connects and stops the workers. Accepted with --ray: -n, "
+                               "--max-restarts, --min-workers, --elastic-batch, "
+                               "--gpus-per-worker, --cpus-per-worker, --storage.")
     spec = RayJobSpec(command=command, nproc=nproc, address=address,
                       cpus_per_worker=cpus or 1.0, gpus_per_worker=gpus or 0,
                       max_restarts=max_restarts, min_workers=min_workers,

@@ -237,6 +237,10 @@ def trainer(command: Sequence[str], *, num_workers: int = 2, cpus_per_worker: fl
     return _build(spec, echo=True)[0]
 
 
+# The public name: ``mirrorkit.ray_trainer``.
+ray_trainer = trainer
+
+
 def _printer(ray: Any, journal: Any, streams: tuple[IO[str], IO[str]],
              done: threading.Event) -> threading.Thread:
     def pump() -> None:

@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -55,10 +56,10 @@ class Journal:
         return self._nodes.get(rank, "?")
 
     def describe(self, failure: dict[str, Any]) -> str:
-        """One phrase naming the worker, its node and how its program ended."""
-        text = WorkerFailure(**{**failure, "tail": tuple(failure["tail"])}).describe()
-        return text.replace(f"(pid {failure['pid']})",
-                            f"(pid {failure['pid']}, node {self.node(failure['rank'])})")
+        """One phrase naming the worker, its node (where it failed) and how its program ended."""
+        text = _failure(failure).describe()
+        node = failure.get("node") or self.node(failure["rank"])
+        return text.replace(f"(pid {failure['pid']})", f"(pid {failure['pid']}, node {node})")
 
     def lines(self, batch: list[tuple[str, str]]) -> None:
         """Output lines, each ``(stream, text)`` with stream ``"out"`` or ``"err"``."""
@@ -71,7 +72,9 @@ class Journal:
 
     def failed(self, failure: dict[str, Any]) -> None:
         """A worker's program failed (``WorkerFailure`` fields); the first per attempt counts."""
-        self._failures.setdefault(failure["restart"], failure)
+        # The node now: a restart may place this rank elsewhere.
+        self._failures.setdefault(failure["restart"],
+                                  {**failure, "node": self.node(failure["rank"])})
 
     def finished(self, rank: int, attempt: int, targets_missed: bool,
                  status: dict[str, Any] | None) -> None:
@@ -97,8 +100,7 @@ class Journal:
         """
         restarts = max(self.attempts() - 1, 0)
         elapsed = time.monotonic() - self._begun
-        failures = tuple(WorkerFailure(**{**f, "tail": tuple(f["tail"])})
-                         for _, f in sorted(self._failures.items()))
+        failures = tuple(_failure(f) for _, f in sorted(self._failures.items()))
         statuses = [r["status"] for _, r in sorted(self._results.items()) if r["status"]]
         speeds = tuple(worker_status.lines(statuses))
         if succeeded:
@@ -119,6 +121,12 @@ class Journal:
             note = None  # the failed program's own account says it all
         return RunResult(WorkerState.FAILED, code, restarts, failures, states, None,
                          elapsed, note, speeds)
+
+
+def _failure(record: dict[str, Any]) -> WorkerFailure:
+    fields = {f.name for f in dataclasses.fields(WorkerFailure)}
+    return WorkerFailure(**{k: v for k, v in record.items() if k in fields - {"tail"}},
+                         tail=tuple(record["tail"]))
 
 
 def stopped(signum: int, elapsed: float) -> RunResult:

@@ -223,6 +223,9 @@ def train_loop(config: dict[str, Any]) -> None:
         if state is not WorkerState.SUCCEEDED:
             failure = worker.failure()
             ray.get(journal.failed.remote(dataclasses.asdict(failure)))
+            lost = f"; it reports: {failure.lost_peer}" if failure.lost_peer else ""
+            sink.add("err", f"[launch] {failure.describe()} on node {node}{lost}; Ray Train "
+                     "stops the group and restarts it while --max-restarts allow")
             sink.close()
             raise RuntimeError(f"mirrorkit: {failure.describe()} on node {node}")
         ray.get(journal.finished.remote(rank, attempt, worker.targets_missed, status))

@@ -42,7 +42,7 @@ SCRIPT = str(REPO / "tests" / "fixtures" / "scripts" / "save_the_usual_way.py")
 PORT = 6390
 # Fast peer-loss detection for the killed worker's survivor; no usage reports.
 ENV = {"MIRRORKIT_COLLECTIVE_TIMEOUT": "5", "RAY_USAGE_STATS_ENABLED": "0"}
-TRAIN = ["mirrorkit", "train", "--examples", "512", "--per-replica-batch", "32"]
+TRAIN = ["mirrorkit", "train", "--per-replica-batch", "32"]
 
 
 class Cluster:
@@ -133,7 +133,7 @@ def test_mirrorkit_train_on_two_ray_nodes_matches_a_local_launch(cluster, tmp_pa
 
 def test_an_unmodified_script_under_mirrorkit_run(cluster, tmp_path):
     code, text = cluster.run(tmp_path, "-n", "2", "--", "mirrorkit", "run", SCRIPT, "out",
-                             "--epochs", "2")
+                             "--epochs", "1")
     assert code == 0, text[-4000:]
     finals = sorted(line.split("] final loss ")[0] + "] " + line.split("] final loss ")[1]
                     for line in text.splitlines() if "] final loss " in line)
@@ -143,14 +143,14 @@ def test_an_unmodified_script_under_mirrorkit_run(cluster, tmp_path):
     # Relative paths mean the driver's folder; only the chief's saves land there.
     assert (out / "final.keras").is_file() and (out / "final.weights.h5").is_file()
     assert [json.loads(line)["epoch"] for line in
-            (out / "history-worker0.jsonl").read_text().splitlines()] == [1, 2]
+            (out / "history-worker0.jsonl").read_text().splitlines()] == [1]
 
 
 def test_a_killed_worker_restarts_the_group_and_every_epoch_runs_once(cluster, tmp_path):
     out = tmp_path / "run"
     log = tmp_path / "driver.log"
     proc = cluster.launch(tmp_path, "-n", "2", "--max-restarts", "1", "--", *TRAIN,
-                          "--epochs", "3", "--output", str(out), log=log)
+                          "--epochs", "2", "--output", str(out), log=log)
     deadline = time.monotonic() + 180
     # After epoch 1's backup, kill the worker program on the second node.
     while not ((out / "events.jsonl").is_file() and 1 in epochs(out)):
@@ -162,11 +162,13 @@ def test_a_killed_worker_restarts_the_group_and_every_epoch_runs_once(cluster, t
     code = proc.wait(240)
     text = log.read_text()
     assert code == 0, text[-5000:]
+    node = cluster.hosts.addresses["raynode"]
+    assert f"[launch] worker 1 (pid {victims[0]}) was killed by SIGKILL on node {node}" in text
     assert "(1 restarts)" in text and "(attempt 2)" in text
-    assert epochs(out) == [1, 2, 3], events(out)        # epoch 1 from the backup, each once
+    assert epochs(out) == [1, 2], events(out)        # epoch 1 from the backup: each once
     assert [e["attempt"] for e in events(out) if e["event"] == "restart"] == [2]
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["epochs_run"] == 3 and metrics["weights_in_sync"]["identical"]
+    assert metrics["epochs_run"] == 1 and metrics["weights_in_sync"]["identical"]
 
 
 def test_without_ray_installed_ray_is_one_line_naming_the_extra(tmp_path):
