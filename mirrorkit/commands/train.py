@@ -182,7 +182,8 @@ def build_data_options(kwargs: dict[str, Any]) -> Any:
 @click.option("--weights", default=None, metavar="imagenet|PATH",
               help="Fine-tune a keras.applications --model from pretrained weights: imagenet "
               "(Keras downloads them once per machine into its cache) or a local backbone "
-              ".weights.h5 or .keras model (e.g. an earlier run's model.keras). Trains in two "
+              ".weights.h5, Keras's ImageNet ..._notop.h5, or a .keras model (e.g. an earlier "
+              "run's model.keras). Trains in two "
               "phases: the new head with the backbone frozen, then the whole model at "
               "--fine-tune-lr. Example: --model resnet50 --weights imagenet")
 @click.option("--head-epochs", type=int, default=None, metavar="K",

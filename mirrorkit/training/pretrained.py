@@ -12,7 +12,10 @@
 * ``PATH.weights.h5``: the backbone's own weights, as
   ``keras.applications.X(include_top=False, pooling="avg", input_shape=(H, W, 3),
   weights=None).save_weights(PATH)`` writes them (the same application and
-  options; any image size for convolutional backbones).
+  options; any image size for convolutional backbones). Also ``PATH.h5``:
+  Keras's own ImageNet file of the application without its top (the
+  ``..._notop.h5`` in ``~/.keras/models`` of a machine that downloaded it),
+  for machines offline.
 * ``PATH.keras``: a saved model that is the backbone, or holds it: the
   ``model.keras`` of an earlier ``mirrorkit train --model X`` run (its
   ``backbone`` layer), or any model with a nested sub-model whose weights
@@ -45,7 +48,7 @@ from mirrorkit.training.backbones import Application, make_backbone
 logger = logging.getLogger(__name__)
 
 IMAGENET = "imagenet"
-_SUFFIXES = (".weights.h5", ".keras")
+_SUFFIXES = (".h5", ".keras")
 
 
 def check_weights_spec(spec: Any) -> str:
@@ -53,17 +56,17 @@ def check_weights_spec(spec: Any) -> str:
 
     Raises:
         ValueError: anything but ``imagenet`` or a path ending in
-            ``.weights.h5`` or ``.keras``.
+            ``.h5`` (``.weights.h5``) or ``.keras``.
 
     Example:
         >>> check_weights_spec("backbone.pt")
         Traceback (most recent call last):
         ...
-        ValueError: `weights` must be 'imagenet', a backbone's .weights.h5 file or a .keras model. Received: weights='backbone.pt'
+        ValueError: `weights` must be 'imagenet', a backbone's .weights.h5 (or Keras's ImageNet .h5) file or a .keras model. Received: weights='backbone.pt'
     """
     if not isinstance(spec, str) or not (spec == IMAGENET or spec.endswith(_SUFFIXES)):
-        raise ValueError(f"`weights` must be 'imagenet', a backbone's .weights.h5 file or a "
-                         f".keras model. Received: weights={spec!r}")
+        raise ValueError(f"`weights` must be 'imagenet', a backbone's .weights.h5 (or Keras's "
+                         f"ImageNet .h5) file or a .keras model. Received: weights={spec!r}")
     return spec
 
 

@@ -57,9 +57,9 @@ def test_the_default_split_and_the_phase_rates():
 
 
 def test_weights_spec_accepts_imagenet_and_the_two_file_kinds():
-    for spec in ("imagenet", "b.weights.h5", "runs/a/model.keras"):
+    for spec in ("imagenet", "b.weights.h5", "resnet50_notop.h5", "runs/a/model.keras"):
         assert check_weights_spec(spec) == spec
-    for spec in ("ImageNet", "b.h5", "", None):
+    for spec in ("ImageNet", "b.pt", "", None):
         with pytest.raises(ValueError, match="must be 'imagenet', a backbone's .weights.h5"):
             check_weights_spec(spec)
 
