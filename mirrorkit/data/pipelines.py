@@ -108,6 +108,9 @@ def _map(tf: Any, ds: Any, map_fn: Callable[..., Any] | None, *, training: bool 
     # k-th example's random crop depends on (seed, epoch, k) only, not on
     # which thread decodes it, so a seeded run repeats (and every worker of
     # a DATA-sharded job draws the same crops for the same stream).
+    # The map stays deterministic (in-order): out-of-order decoding measured
+    # no gain per CPU-second on JPEG folders (benchmarks/RESULTS.md section 11)
+    # and would break both the repeatable seeded run and DATA sharding.
     seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
     ds = tf.data.Dataset.zip((ds, seeds))
     return ds.map(lambda example, pair: train_fn(*example, pair),
