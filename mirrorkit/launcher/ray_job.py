@@ -25,6 +25,7 @@ import dataclasses
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -263,7 +264,26 @@ def _printer(ray: Any, journal: Any, streams: tuple[IO[str], IO[str]],
     return thread
 
 
+def _reachable(address: str, timeout: float = 5.0) -> str | None:
+    """Why ``HOST:PORT`` takes no TCP connection, or None (``auto`` is Ray's to resolve).
+
+    Ray itself retries an unreachable head for minutes; a wrong address should be one line.
+    """
+    if address == "auto" or address.startswith(("ray://", "local")) or ":" not in address:
+        return None
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return None
+    except (OSError, ValueError) as err:
+        return f"{type(err).__name__}: {err}"
+
+
 def _connect(ray: Any, address: str) -> None:
+    why = _reachable(address)
+    if why is not None:
+        raise RunError(f"Cannot connect to the Ray cluster at {address!r} ({why}): start one "
+                       "with `ray start --head`, or pass --ray HOST:PORT of its head node.")
     try:
         # The workers' lines come through the journal with their rank; Ray's own
         # forwarding would print each twice, under Ray's prefix.

@@ -85,3 +85,16 @@ def test_options_of_a_local_launch_are_refused_with_ray_in_one_line():
     assert "--hosts cannot be used with --ray" in result.output
     result = CliRunner().invoke(cli, ["launch", "-n", "2", "--storage", "/s", "--", "x"])
     assert result.exit_code == 2 and "apply to --ray jobs only" in result.output
+
+
+def test_an_address_without_a_ray_head_is_one_line_not_minutes_of_retries():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]      # closed again below: nothing listens there
+    result = CliRunner().invoke(cli, ["launch", "--ray", f"127.0.0.1:{port}", "-n", "2", "--",
+                                      "mirrorkit", "train"])
+    assert result.exit_code == 1
+    assert result.output.startswith(f"Error: Cannot connect to the Ray cluster at "
+                                     f"'127.0.0.1:{port}' (ConnectionRefusedError")
