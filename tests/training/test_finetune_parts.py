@@ -122,3 +122,25 @@ def test_control_training_false_does_not_hold_a_nested_batchnorm_in_inference_mo
     model.train_on_batch(x, np.zeros((16, 1)))
     # training=False is overridden by fit's training=True; a frozen layer is not.
     assert moved and np.allclose(norm.moving_mean.numpy(), 0.0)
+
+
+def test_phases_freeze_the_backbone_then_unfreeze_its_top_layers_but_never_batchnorm():
+    import keras
+
+    from mirrorkit.training.finetune import _set_phase
+
+    model = build_classifier(APPLICATIONS["mobilenet_025"], input_shape=(32, 32, 3),
+                             num_classes=3)
+    backbone = model.get_layer("backbone")
+    head = model.get_layer("predictions").count_params()
+    assert _set_phase(model, Phases(1, 2, 1.0, 0.1, None), 1) == head
+    norms = [l for l in backbone.layers if isinstance(l, keras.layers.BatchNormalization)]
+    every = _set_phase(model, Phases(1, 2, 1.0, 0.1, None), 2)
+    convs = sum(l.count_params() for l in backbone.layers
+                if isinstance(l, (keras.layers.Conv2D, keras.layers.DepthwiseConv2D)))
+    assert every == head + convs and not any(l.trainable for l in norms)
+    assert not model.get_layer("preprocess").trainable
+    # The top 6 layers of MobileNet end with its last pointwise conv (then BN, ReLU, pooling).
+    top = _set_phase(model, Phases(1, 2, 1.0, 0.1, 6), 2)
+    last = [l for l in backbone.layers[-6:] if isinstance(l, keras.layers.Conv2D)]
+    assert top == head + sum(l.count_params() for l in last) and head < top < every
