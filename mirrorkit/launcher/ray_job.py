@@ -33,6 +33,7 @@ from typing import IO, Any, Mapping, Sequence
 
 from mirrorkit import _env, protocol
 from mirrorkit.errors import MissingDependency, RunError
+from mirrorkit.launcher.agent import _resolve_program
 from mirrorkit.launcher.ray_journal import Journal, stopped
 from mirrorkit.launcher.state import RunResult
 
@@ -308,12 +309,15 @@ def run(spec: RayJobSpec, *, stdout: IO[str] | None = None,
     Raises:
         MissingDependency: Ray Train is not installed.
         RunError: no cluster at ``spec.address``.
+        ValueError: the command's program is not found on this machine.
 
     Example:
         >>> run(RayJobSpec(command=("mirrorkit", "train"), nproc=2)).exit_code  # doctest: +SKIP
         0
     """
     ray = import_ray()
+    # A typo in the program is one line here, not a failure per worker and restart.
+    _resolve_program(spec.command[0], _env.get("PATH"))
     streams = (stdout or sys.stdout, stderr or sys.stderr)
     start = time.monotonic()
     _connect(ray, spec.address)

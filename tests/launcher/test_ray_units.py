@@ -98,3 +98,7 @@ def test_an_address_without_a_ray_head_is_one_line_not_minutes_of_retries():
     assert result.exit_code == 1
     assert result.output.startswith(f"Error: Cannot connect to the Ray cluster at "
                                      f"'127.0.0.1:{port}' (ConnectionRefusedError")
+    # A program that is not found fails before Ray is asked for anything.
+    result = CliRunner().invoke(cli, ["launch", "--ray", f"127.0.0.1:{port}", "-n", "2", "--",
+                                      "no-such-program-here"])
+    assert result.exit_code == 1 and "Command not found: 'no-such-program-here'" in result.output
