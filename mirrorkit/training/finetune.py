@@ -20,8 +20,8 @@ start prints one line (what is frozen, trainable parameters, learning
 rate, epochs) and writes a ``phase_start`` event; ``metrics.json`` holds
 ``fine_tune`` with the phases and one record per epoch with its ``phase``.
 
-The optimizer is built once over every variable of the model, so its
-state has the same shape in both phases: the per-epoch backup of either
+The optimizer is built once over phase 2's trainable variables (phase 1's
+head is a subset), so its state has the same shape in both phases: the per-epoch backup of either
 phase loads into the model, and ``--resume`` (or a restart under
 ``mirrorkit launch``) continues in the phase of the backup's epoch (the
 chief's epoch, agreed by every worker).
@@ -219,9 +219,9 @@ def fit_model(run: Any, model: Any, plan: Any, train_ds: Any, val_ds: Any,
     from mirrorkit.training.phase_switch import PhaseSwitch
 
     phases = make_phases(run.config, plan)
-    # Built over every variable while all are trainable: one optimizer state
-    # shape for both phases (a subset of its variables trains in phase 1).
-    model.get_layer("backbone").trainable = True
+    # Built over phase 2's variables (phase 1's are a subset): one optimizer
+    # state shape for both phases, and the saved model.keras reloads it.
+    _set_phase(model, phases, 2)
     with run.strategy.scope():
         model.optimizer.build(model.trainable_variables)
     start = _agreed_start(run)

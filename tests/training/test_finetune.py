@@ -77,11 +77,17 @@ for w in model.weights:
     spread = max([spread] + [float(np.abs(c - copies[0]).max()) for c in copies])
 bn = [l for l in model.get_layer("backbone").layers
       if isinstance(l, keras.layers.BatchNormalization)]
+import warnings
+with warnings.catch_warnings():
+    warnings.simplefilter("error")  # e.g. "Skipping variable loading for optimizer"
+    reloaded = keras.models.load_model("run/model.keras")
+same_optimizer = len(reloaded.optimizer.variables) == len(model.optimizer.variables)
 print("RESULT " + json.dumps({
     "after_phase1": compare(0), "after_phase2": compare(1), "lines": lines,
     "replicas": result.runtime.replicas, "replica_spread": spread,
     "fine_tune": result.metrics["fine_tune"], "initial_epoch": result.metrics["initial_epoch"],
-    "bn_frozen": not any(l.trainable for l in bn), "bn_layers": len(bn)}))
+    "bn_frozen": not any(l.trainable for l in bn), "bn_layers": len(bn),
+    "reloads_with_its_optimizer": same_optimizer}))
 """
 
 
@@ -129,6 +135,7 @@ def test_a_resumed_run_in_phase2_stays_in_phase2(two_phases):
     assert result["initial_epoch"] == 2
     assert [p["phase"] for p in fine_tune["phases"]] == [2]
     assert [(r["epoch"], r["phase"]) for r in fine_tune["epochs"]] == [(3, 2)]
+    assert result["reloads_with_its_optimizer"]  # model.keras: no optimizer state skipped
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["fine_tune"]["head_epochs"] == 1
     assert metrics["fine_tune"]["weights"] == "backbone.weights.h5"
