@@ -72,8 +72,9 @@ class TrainConfig:
         dataset: ``digits`` (default), ``synthetic``, ``tfds:NAME``,
             ``folder:PATH`` or ``files:GLOB`` (see :mod:`mirrorkit.datasets`).
         data: how to read it (image size, TFDS data_dir, splits, ...).
-        model: ``cnn`` (default), ``resnet20``, ``resnet56``, ``resnet50``,
-            ``mobilenet_v2`` or ``efficientnet_b0`` (see :mod:`mirrorkit.training.models`).
+        model: ``cnn`` (default), ``resnet20``, ``resnet56`` or a
+            ``keras.applications`` model such as ``resnet50``, ``mobilenet_v2``
+            or ``efficientnet_b0`` (see :mod:`mirrorkit.training.models`).
         augment: random flip and translation layers inside the model. The
             random-resized-crop of JPEG folders and shards is ``data``'s
             (``DataOptions(augment="crop")``, ``folder:`` and ``files:`` only).
@@ -129,9 +130,6 @@ class TrainConfig:
             (above 0, at most 1). Defaults to 0.5.
         export: also write ``output/saved_model`` for serving (``"saved_model"``:
             :mod:`mirrorkit.training.serving`), on the chief. Defaults to None.
-
-    Raises:
-        ValueError: for any invalid value, naming it (``Received: epochs=0``).
         weights: fine-tune a ``keras.applications`` model from ``"imagenet"``
             or a file (:mod:`mirrorkit.training.pretrained`), in two phases
             (:mod:`mirrorkit.training.finetune`). Defaults to None (random).
@@ -140,6 +138,9 @@ class TrainConfig:
             ``lr``. Defaults to a tenth of the scaled phase-1 rate.
         fine_tune_layers: unfreeze only the backbone's top N layers in phase 2.
             Defaults to None (all).
+
+    Raises:
+        ValueError: for any invalid value, naming it (``Received: epochs=0``).
 
     Example:
         >>> TrainConfig(epochs=3).epochs
@@ -174,13 +175,13 @@ class TrainConfig:
     spike_factor: float | None = None
     max_rollbacks: int = 2
     rollback_lr_factor: float = 0.5
-
-    def __post_init__(self) -> None:
-        from mirrorkit.distribute.selection import KINDS
     weights: str | None = None
     head_epochs: int | None = None
     fine_tune_lr: float | None = None
     fine_tune_layers: int | None = None
+
+    def __post_init__(self) -> None:
+        from mirrorkit.distribute.selection import KINDS
 
         kind, _ = parse_spec(self.dataset)
         model_spec(self.model)
@@ -221,6 +222,7 @@ class TrainConfig:
         if self.export is not None:
             check_format(self.export)
         check_rollback(self.max_rollbacks, self.rollback_lr_factor, self.spike_factor)
+        check_fine_tune(self)
         if self.resume and not self.output:
             raise ValueError("`resume` continues the run in `output`: pass --output DIR "
                              "(output=...) too. Received: output=None")
@@ -228,7 +230,6 @@ class TrainConfig:
     @property
     def base_lr(self) -> float:
         """``lr``, or the optimizer's default, before scaling.
-        check_fine_tune(self)
 
         Example:
             >>> TrainConfig(optimizer="sgd").base_lr
