@@ -2,8 +2,9 @@
 
 The two lines are marked ``# mirrorkit: line 1/2`` and ``line 2/2``: import
 mirrorkit, and build + compile the model inside ``mirrorkit.scope()``. The rest
-is the usual single-GPU script: a small CNN on the 8x8 UCI digits images that
-ship with mirrorkit (nothing is downloaded).
+is the usual single-GPU script: a small CNN on the 8x8 UCI digits images
+(``digits_data.load_digits`` reads the copy mirrorkit ships, as scikit-learn's
+``load_digits`` would; nothing is downloaded).
 
     python apps/minimal_change.py                             # all local GPUs, else 1 CPU
     MIRRORKIT_SIMULATE_CPUS=2 python apps/minimal_change.py   # 2 replicas on a CPU
@@ -15,12 +16,14 @@ device. Takes ~15 s on 2 CPU cores and reaches ~97% test accuracy.
 
 import keras
 import numpy as np
+from digits_data import load_digits
 
 import mirrorkit  # mirrorkit: line 1/2
-from mirrorkit.datasets import digits_arrays   # the data only: 1,797 8x8 images
 
 keras.utils.set_random_seed(0)
-x, y = digits_arrays()   # (n, 8, 8, 1) in [0, 1], int32 labels
+digits = load_digits()
+x = (digits.images / 16.0).astype("float32")[..., None]   # (n, 8, 8, 1) in [0, 1]
+y = digits.target.astype("int32")
 order = np.random.default_rng(0).permutation(len(x))
 x, y = x[order], y[order]
 split = int(0.8 * len(x))

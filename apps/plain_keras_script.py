@@ -1,8 +1,8 @@
-"""A plain single-device Keras script: no mirrorkit in its training code, no tf.distribute.
+"""A plain single-device Keras script: no mirrorkit import, no tf.distribute.
 
-It trains a small CNN on the 8x8 UCI digits images that ship with mirrorkit
-(1,797 images, 10 classes; nothing is downloaded): reading them is its only
-mirrorkit line. Run it unchanged on every
+It trains a small CNN on the 8x8 UCI digits images (1,797 images, 10 classes;
+``digits_data.load_digits`` reads the copy mirrorkit ships, as scikit-learn's
+``load_digits`` would; nothing is downloaded). Run it unchanged on every
 local device with ``mirrorkit run``:
 
     python apps/plain_keras_script.py --epochs 3              # 1 replica
@@ -18,12 +18,13 @@ import argparse
 
 import keras
 import numpy as np
-
-from mirrorkit.datasets import digits_arrays
+from digits_data import load_digits
 
 
 def load_data(seed=0):
-    x, y = digits_arrays()   # (n, 8, 8, 1) in [0, 1], int32 labels
+    digits = load_digits()
+    x = (digits.images / 16.0).astype("float32")[..., None]   # (n, 8, 8, 1) in [0, 1]
+    y = digits.target.astype("int32")
     order = np.random.default_rng(seed).permutation(len(x))
     x, y = x[order], y[order]
     split = int(0.8 * len(x))

@@ -195,7 +195,7 @@ def bad_folders(tmp_path_factory):
 @pytest.mark.fast
 @pytest.mark.parametrize("args, expected", [
     (["--model", "resnet21"],
-     "Unknown model. Did you mean resnet20 or resnet56? Valid: cnn, resnet20"),
+     "Unknown model. Did you mean resnet20 or resnet152? Valid: cnn, resnet20, resnet56"),
     (["--dataset", "imagenet"], "Unknown dataset. Valid: digits, synthetic, tfds:NAME"),
     (["--epochs", "0"], "Received: epochs=0"),
     (["--per-replica-batch", "0"], "Received: per_replica_batch=0"),
