@@ -159,15 +159,42 @@ def test_mirrorkit_train_on_two_ray_nodes_survives_a_killed_worker_like_a_local_
         ray_metrics["val_accuracy"], local_metrics["val_accuracy"])
 
 
-def test_an_unmodified_script_under_mirrorkit_run(cluster, tmp_path):
-    code, text = cluster.run(tmp_path, "-n", "2", "--", "mirrorkit", "run", SCRIPT, "out",
-                             "--epochs", "1")
+DRIVER = """
+import json, sys
+import ray
+import mirrorkit
+
+ray.init(address=sys.argv[1])
+result = mirrorkit.ray_trainer(["mirrorkit", "run", sys.argv[2], "out", "--epochs", "1"],
+                               num_workers=2).fit()
+# Ray Train keeps a report's metrics with its checkpoint: a script reports none.
+print("RESULT " + json.dumps({"error": None if result.error is None else str(result.error),
+                              "metrics": result.metrics}), flush=True)
+"""
+
+
+def test_an_unmodified_script_under_mirrorkit_run_from_a_driver_of_ones_own(cluster, tmp_path):
+    # The Python API (mirrorkit.ray_trainer) as a Ray user calls it, on an unmodified
+    # script: the CLI shares its trainer, and the first test covers the CLI's lines.
+    (tmp_path / "driver.py").write_text(DRIVER)
+    log = tmp_path / "driver.log"
+    with open(log, "w") as sink:
+        proc = cluster.hosts.popen("rayhead", [sys.executable, "driver.py", cluster.address,
+                                               SCRIPT], cwd=str(tmp_path),
+                                   env=clean_env(**ENV, RAY_DEDUP_LOGS="0"), stdout=sink,
+                                   stderr=subprocess.STDOUT, text=True)
+        code = proc.wait(240)
+    text = log.read_text()
     assert code == 0, text[-4000:]
-    assert "[launch] all 2 worker(s) succeeded" in text and "(0 restarts)" in text
-    finals = sorted(line.split("] final loss ")[0] + "] " + line.split("] final loss ")[1]
-                    for line in text.splitlines() if "] final loss " in line)
-    assert [f[:3] for f in finals] == ["[0]", "[1]"], text[-3000:]
-    assert finals[0][4:] == finals[1][4:]     # one model: the same loss and accuracy
+    result = json.loads(next(line for line in text.splitlines()
+                             if line.startswith("RESULT "))[len("RESULT "):])
+    assert result == {"error": None, "metrics": None}, result
+    # Both workers' lines reach the driver through Ray's log forwarding, each with its
+    # rank ("... [1] final loss 2.0709 accuracy 0.4746"): one model, the same numbers.
+    finals = {line.split("] final loss ")[0][-1]: line.split("] final loss ")[1].strip()
+              for line in text.splitlines() if "] final loss " in line}
+    assert sorted(finals) == ["0", "1"], text[-3000:]
+    assert finals["0"] == finals["1"], finals
     out = tmp_path / "out"
     # Relative paths mean the driver's folder; only the chief's saves land there.
     assert (out / "final.keras").is_file() and (out / "final.weights.h5").is_file()
