@@ -10,11 +10,11 @@ in its ``backup_dir``::
                              the new one is complete
 
 A save writes the two files beside the old ones, hashes them as they are on
-disk, moves the old, complete backup to ``previous/``, renames the new files
-into place and only then replaces ``manifest.json`` (temporary file +
-``os.replace``). So a save killed at any point leaves either a backup whose
-manifest matches or a mismatch that :func:`choose` reports, with
-``previous/`` intact.
+disk, moves the old, complete backup to ``previous/``, writes the new
+manifest to ``.partial-manifest.json``, renames the new files into place and
+only then renames the manifest. A save killed at any point leaves a backup
+whose manifest (or pending manifest: the save is then finished) matches, or
+a mismatch that :func:`choose` reports, with ``previous/`` intact.
 
 Every resume calls :func:`choose` first: it refuses a missing, truncated or
 changed file or an unreadable manifest with one line naming the file, what is
@@ -53,6 +53,7 @@ __all__ = ["FALLBACK", "FORMAT", "MANIFEST", "METADATA", "PREVIOUS", "WEIGHTS", 
 WEIGHTS = "latest.weights.h5"
 METADATA = "training_metadata.json"
 MANIFEST = "manifest.json"
+PENDING = ".partial-" + MANIFEST
 PREVIOUS = "previous"
 FORMAT = "mirrorkit-backup/1"
 # MIRRORKIT_BACKUP_FALLBACK=previous: the user's permission to resume from
@@ -174,13 +175,15 @@ def commit(folder: str | os.PathLike, written: Mapping[str, str | os.PathLike],
         _sync(Path(path))
         files[name] = {"bytes": os.path.getsize(path), "sha256": _sha256(Path(path))}
     _keep_previous(folder)
+    # The manifest is durable before any file moves: a commit stopped between
+    # the moves and its last rename is finished from it by verify().
+    pending = folder / PENDING
+    pending.write_text(json.dumps({"format": FORMAT, "epoch": int(epoch), "batch": int(batch),
+                                   "files": files}, indent=1) + "\n")
+    _sync(pending)
     for name, path in written.items():
         os.replace(path, folder / name)
-    manifest = {"format": FORMAT, "epoch": int(epoch), "batch": int(batch), "files": files}
-    partial = folder / (".partial-" + MANIFEST)
-    partial.write_text(json.dumps(manifest, indent=1) + "\n")
-    _sync(partial)
-    os.replace(partial, folder / MANIFEST)
+    os.replace(pending, folder / MANIFEST)
     _sync(folder)
 
 
@@ -258,7 +261,20 @@ def verify(folder: Path, *, legacy: bool = True) -> Backup:
         ...
         mirrorkit.training.backup_manifest.BackupDamaged: latest.weights.h5, training_metadata.json and manifest.json are missing
     """
-    manifest_path = folder / MANIFEST
+    try:
+        return _check(folder, folder / MANIFEST, legacy)
+    except BackupDamaged as damaged:
+        # A commit stopped after its files moved, before its manifest's rename
+        # (a killed writer): when they all match the pending manifest, finish it.
+        try:
+            backup = _check(folder, folder / PENDING, False)
+        except BackupDamaged:
+            raise damaged from None
+        os.replace(folder / PENDING, folder / MANIFEST)
+        return backup
+
+
+def _check(folder: Path, manifest_path: Path, legacy: bool) -> Backup:
     if not manifest_path.exists():
         missing = [n for n in (WEIGHTS, METADATA, MANIFEST) if not (folder / n).exists()]
         if METADATA not in missing and _metadata(folder).get("format"):
