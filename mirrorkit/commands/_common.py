@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import traceback
 from typing import IO, Any, Callable, Iterator
 
@@ -153,3 +154,27 @@ def strategy_option(func: Callable[..., Any]) -> Callable[..., Any]:
         default=None,
         help="Which tf.distribute strategy to use. Default: $MIRRORKIT_STRATEGY, else auto.",
     )(func)
+
+
+@contextlib.contextmanager
+def logging_to(name: str, handler: logging.Handler) -> Iterator[None]:
+    """Logger ``name``'s INFO records go to ``handler`` only, while in the block.
+
+    A command's progress lines (the launcher's, the runner's) are part of its
+    output, not debugging detail; the logger's level and propagation come back after.
+
+    Example:
+        >>> with logging_to("mirrorkit.launcher", logging.StreamHandler()):   # doctest: +SKIP
+        ...     logging.getLogger("mirrorkit.launcher").info("2 workers")
+    """
+    log = logging.getLogger(name)
+    saved = (log.level, log.propagate)
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(saved[0])
+        log.propagate = saved[1]

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from typing import Iterator
 
 import click
 
-from mirrorkit.commands._common import user_errors
+from mirrorkit.commands._common import logging_to, user_errors
 from mirrorkit.protocol import ELASTIC_BATCH_CHOICES
 
 
@@ -183,15 +181,6 @@ def _on_ray(address: str, nproc: int, command: tuple[str, ...], max_restarts: in
     ctx.exit(result.exit_code)
 
 
-@contextlib.contextmanager
-def _launcher_log() -> Iterator[None]:
+def _launcher_log():
     """The launcher's log records on stderr as ``[launch] ...`` lines while in the block."""
-    log = logging.getLogger("mirrorkit.launcher")
-    handler = _LauncherLog()
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False
-    try:
-        yield
-    finally:
-        log.removeHandler(handler)
+    return logging_to("mirrorkit.launcher", _LauncherLog())

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from typing import Iterator
 
 import click
 
 from mirrorkit import _env
 from mirrorkit.commands._common import (
+    logging_to,
     simulate_cpus_option,
     strategy_option,
     user_errors,
@@ -25,21 +24,10 @@ class _RunLog(logging.Handler):
         click.echo(f"{prefix}{record.getMessage()}", err=True)
 
 
-@contextlib.contextmanager
-def _runner_log() -> Iterator[None]:
+def _runner_log():
     # Info level: saying which strategy the script's own construction got is
     # part of the command's output, not a debugging detail.
-    log = logging.getLogger("mirrorkit.runner")
-    handler, saved = _RunLog(), (log.level, log.propagate)
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False
-    try:
-        yield
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(saved[0])
-        log.propagate = saved[1]
+    return logging_to("mirrorkit.runner", _RunLog())
 
 
 def _announce(runtime, scale: bool) -> None:

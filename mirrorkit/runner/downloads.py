@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from mirrorkit.patching import engine
+from mirrorkit.training.run_lock import taking_turns
 
 logger = logging.getLogger(__name__)
 
@@ -57,22 +58,10 @@ def lock_path(*args: Any, **kwargs: Any) -> Path:
     return Path(tempfile.gettempdir()) / f"mirrorkit-get_file-{digest}.lock"
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    import fcntl
-
-    with open(path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _one_at_a_time(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def get_file(*args: Any, **kwargs: Any) -> Any:
-        with _locked(lock_path(*args, **kwargs)):
+        with taking_turns(lock_path(*args, **kwargs)):
             return original(*args, **kwargs)
 
     return get_file
