@@ -43,7 +43,14 @@ WORKER = textwrap.dedent("""
                 "threads": _env.get(_env.TF_INTRA_OP_THREADS),
                 "names": sorted(k for k in _env.snapshot() if k.startswith("MIRRORKIT_"))}
         (out / f"{attempt}-{rank}.json").write_text(json.dumps(seen))
-        sys.exit(1 if (attempt, rank) == (0, 1) else 0)   # one failure: one restart
+        if (attempt, rank) == (0, 1):   # one failure: one restart
+            # Once worker 0 has written its file: the launcher stops it when this one fails.
+            import time
+            deadline = time.monotonic() + 120
+            while not (out / "0-0.json").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            sys.exit(1)
+        sys.exit(0)
     if mode == "missed":
         from mirrorkit.training import targets
         results = targets.evaluate([targets.parse_target("val_accuracy>=0.95")],
