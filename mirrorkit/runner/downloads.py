@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from mirrorkit.patching import engine
-from mirrorkit.training.run_lock import taking_turns
+from mirrorkit.training.file_turns import taking_turns
 
 logger = logging.getLogger(__name__)
 

@@ -44,6 +44,7 @@ from typing import Any, Iterator
 
 from mirrorkit.errors import RunError
 from mirrorkit.training.backbones import Application, make_backbone
+from mirrorkit.training.file_turns import taking_turns
 
 logger = logging.getLogger(__name__)
 
@@ -129,19 +130,9 @@ def _download(app: Application, image_size: tuple[int, int]) -> Any:
 @contextlib.contextmanager
 def _machine_lock(app: Application) -> Iterator[None]:
     """Workers of one machine take turns: the first downloads, the others find the cached file."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no lock, each process downloads as Keras does
-        yield
-        return
     digest = hashlib.sha1(f"{app.constructor}{app.options}".encode()).hexdigest()[:12]
-    path = Path(tempfile.gettempdir()) / f"mirrorkit-weights-{digest}.lock"
-    with open(path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with taking_turns(Path(tempfile.gettempdir()) / f"mirrorkit-weights-{digest}.lock"):
+        yield
 
 
 def _from_model_file(path: Path, backbone: Any, app: Application,

@@ -50,14 +50,13 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
 import socket
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from mirrorkit import _env
 from mirrorkit.errors import RunError
@@ -304,27 +303,3 @@ def _proc_start(pid: int) -> str | None:
     fields = stat.rpartition(")")[2].split()
     return fields[19] if len(fields) > 19 else None
 
-
-@contextlib.contextmanager
-def taking_turns(path: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` for the block, waiting for it.
-
-    The processes of one machine that would all fetch the same file take
-    turns: the first fetches it, the others then find it. Where ``fcntl`` is
-    missing (not POSIX), nothing is held and each goes on at once.
-
-    Example:
-        >>> with taking_turns(Path("/tmp/mirrorkit-example.lock")):   # doctest: +SKIP
-        ...     pass
-    """
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    with open(path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
