@@ -252,7 +252,6 @@ def _module_fixture_users(item: pytest.Item) -> bool:
 # `@pytest.mark.fast` one by one in the other files.
 FAST_FILES = {
     "tests/commands/test_tf_config_cli.py",
-    "tests/compat/test_generator_copies.py",
     "tests/data/test_datasets.py",
     "tests/distribute/test_cluster.py",
     "tests/distribute/test_k8s_manifest.py",

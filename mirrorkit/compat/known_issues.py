@@ -181,11 +181,11 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     KnownIssue(
         "mirrorkit-generator-aliasing", "tensorflow", "2.0", None,
         "Dataset.from_generator (behind keras.utils.PyDataset and generator inputs) wraps "
-        "the NumPy arrays a generator yields without a copy; across 2+ workers the training "
-        "step sometimes writes into them (sample weights overwritten in the first epoch, so "
-        "later epochs' loss, weighted metrics and training vary from run to run).",
-        "compat fix 'generator-copies' copies each yielded array in a process that is one of "
-        "2+ workers.",
+        "the 64-byte aligned NumPy arrays a generator yields without a copy; under 2+ local "
+        "replicas or workers the training step writes into them (the user's data "
+        "overwritten, so the loss and the weights differ from one device's, on runs whose "
+        "arrays happen to be aligned: every run for large arrays).",
+        "compat fix 'generator-copies' copies each yielded array before TensorFlow wraps it.",
         TESTED_TENSORFLOW,
     ),
     KnownIssue(

@@ -97,8 +97,9 @@ _FIXES = (
     _fix("generator-copies", ("tensorflow.python.data.ops.from_generator_op._from_generator",),
          "copies each array a generator yields before TensorFlow wraps it",
          "mirrorkit-generator-aliasing: tensors from Dataset.from_generator (PyDataset, "
-         "generator inputs) share the generator's NumPy arrays, and across workers a training "
-         "step may write into them.", "tests/compat/test_generator_copies.py"),
+         "generator inputs) share the generator's aligned NumPy arrays, and under 2+ local "
+         "replicas or workers a training step writes into them.",
+         "tests/compat/test_generator_copies.py"),
     _fix("gradient-accumulation",
          ("keras.src.backend.tensorflow.optimizer.TFOptimizer._backend_apply_gradients",),
          "accumulates gradients per replica and synchronises outside the cond",
