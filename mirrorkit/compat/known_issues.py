@@ -180,12 +180,12 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     ),
     KnownIssue(
         "mirrorkit-generator-aliasing", "tensorflow", "2.0", None,
-        "Dataset.from_generator (behind keras.utils.PyDataset and generator inputs) wraps "
-        "the 64-byte aligned NumPy arrays a generator yields without a copy; under 2+ local "
-        "replicas or workers the training step writes into them (the user's data "
-        "overwritten, so the loss and the weights differ from one device's, on runs whose "
+        "Dataset.from_generator (behind keras.utils.PyDataset and generator inputs) and "
+        "numpy_function wrap the 64-byte aligned NumPy arrays returned without a copy; "
+        "under 2+ local replicas or workers the training step writes into them (the user's "
+        "data overwritten, so the loss and the weights differ from one device's, on runs whose "
         "arrays happen to be aligned: every run for large arrays).",
-        "compat fix 'generator-copies' copies each yielded array before TensorFlow wraps it.",
+        "compat fix 'generator-copies' copies each returned array before TensorFlow wraps it.",
         TESTED_TENSORFLOW,
     ),
     KnownIssue(

@@ -63,7 +63,6 @@ logger = logging.getLogger(__name__)
 _TRAINER = "keras.src.backend.tensorflow.trainer"
 _CORE = "keras.src.backend.tensorflow.core"
 _NN = "keras.src.backend.tensorflow.nn"
-_FROM_GENERATOR = "tensorflow.python.data.ops.from_generator_op"
 
 # Status values :func:`apply` and :func:`status` report for each fix.
 APPLIED = "applied"
@@ -118,7 +117,8 @@ FIXES: dict[str, Fix] = {fix.name: fix for fix in (
               ("keras.src.optimizers.loss_scale_optimizer", "_tf_apply", "LossScaleOptimizer",
                cross_replica_step.make_lso_apply))),
     Fix("generator-copies", "shares memory with the generator's array",
-        (_FROM_GENERATOR, "_from_generator", None), generator_copies.make),
+        ("tensorflow.python.ops.script_ops", "__call__", "FuncRegistry"),
+        generator_copies.make),
     Fix("gradient-accumulation", "`merge_call` called while defining a new graph",
         ("keras.src.backend.tensorflow.optimizer", "_backend_apply_gradients", "TFOptimizer"),
         accumulation.make),

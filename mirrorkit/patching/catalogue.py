@@ -94,11 +94,11 @@ _FIXES = (
          "mirrorkit-cross-replica-step: a hand-written GradientTape step outside strategy.run "
          "on mirrored Keras variables (no strategy in the script, mirrorkit's script scope) "
          "fails.", "tests/compat/test_training_loops.py"),
-    _fix("generator-copies", ("tensorflow.python.data.ops.from_generator_op._from_generator",),
-         "copies each array a generator yields before TensorFlow wraps it",
+    _fix("generator-copies", ("tensorflow.python.ops.script_ops.FuncRegistry.__call__",),
+         "copies each array a generator or numpy_function returns before TensorFlow wraps it",
          "mirrorkit-generator-aliasing: tensors from Dataset.from_generator (PyDataset, "
-         "generator inputs) share the generator's aligned NumPy arrays, and under 2+ local "
-         "replicas or workers a training step writes into them.",
+         "generator inputs) and numpy_function share the returned aligned NumPy arrays, and "
+         "under 2+ local replicas or workers a training step writes into them.",
          "tests/compat/test_generator_copies.py"),
     _fix("gradient-accumulation",
          ("keras.src.backend.tensorflow.optimizer.TFOptimizer._backend_apply_gradients",),
