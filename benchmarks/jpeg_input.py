@@ -84,9 +84,11 @@ def main() -> None:
         rates = ", ".join(f"{arm} {row['images_per_cpu_sec']:.0f}"
                           for arm, row in report["arms"].items())
         ratios = report["ratios"]
+        whole = ratios.get("pipeline_to_whole_per_cpu_second")
         print(f"{name}: images/CPU-s {rates}; pipeline/plain "
               f"{ratios['pipeline_to_plain_per_cpu_second']:.2f}, pipeline/decode "
-              f"{ratios['pipeline_to_decode_per_cpu_second']:.2f}", flush=True)
+              f"{ratios['pipeline_to_decode_per_cpu_second']:.2f}"
+              + (f", pipeline/whole-file decode {whole:.2f}" if whole else ""), flush=True)
 
 
 if __name__ == "__main__":

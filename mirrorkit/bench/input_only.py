@@ -8,6 +8,9 @@ Up to four arms read the same training files in one process, no model:
 * ``decode``: the decode floor, the fastest plain TensorFlow path to the
   same pixels: read, then ``decode_jpeg`` (or ``decode_and_crop_jpeg`` at the
   same kind of window), nothing else; what the CPU can decode;
+* ``whole`` (``--augment crop`` only): read + ``decode_jpeg`` of each whole
+  file: the files' decode floor, what a pipeline that decodes before it crops
+  starts from (without ``crop``, ``decode`` is this already);
 * ``plain``: ``decode`` + the bilinear resize to the image size + batch: the
   least any pipeline must do to hand ``fit`` a batch (TensorFlow's resize of
   a crop to 224x224 costs about a third of a JPEG decode on its own);
@@ -44,7 +47,9 @@ from typing import Any, Callable
 #: Data augmentations ``--augment`` names (``flip-shift`` runs inside the
 #: model, so its input pipeline is the ``none`` one).
 AUGMENTS = ("none", "flip-shift", "crop")
-ARMS = ("pipeline", "plain", "decode", "tutorial")
+ARMS = ("pipeline", "plain", "decode", "whole", "tutorial")
+#: The arms every other is divided by, strictest first.
+FLOORS = ("decode", "whole", "plain")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,6 +160,18 @@ def _decode(config: InputBenchConfig, data: Any) -> Any:
     return ds.batch(config.batch).prefetch(tf.data.AUTOTUNE).repeat()
 
 
+def _whole(config: InputBenchConfig, data: Any) -> Any:
+    import tensorflow as tf
+
+    def decode(x: Any, label: Any) -> Any:
+        image = tf.io.decode_image(data.map_fn.encoded(x), channels=data.image_shape[2],
+                                   expand_animations=False)
+        return tf.shape(image)
+
+    ds = data.train.map(decode, num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.batch(config.batch).prefetch(tf.data.AUTOTUNE).repeat()
+
+
 def _plain(config: InputBenchConfig, data: Any) -> Any:
     import tensorflow as tf
 
@@ -204,6 +221,7 @@ def _describe(config: InputBenchConfig, data: Any) -> dict[str, str]:
                     "batch, prefetch)",
         "plain": f"{decode} + resize + batch: the plainest path to a batch",
         "decode": f"{decode} alone: the decode floor",
+        "whole": "read + decode_jpeg of the whole image alone: the files' decode floor",
         "tutorial": "keras.utils.image_dataset_from_directory + prefetch (whole image resized)",
     }
 
@@ -219,8 +237,8 @@ def run_input_bench(config: InputBenchConfig,
     Returns:
         ``{"config", "machine", "cores", "dataset", "arms", "ratios"}``: per
         arm its rounds and median ``images_per_sec`` / ``images_per_cpu_sec``;
-        ratios of every arm to ``decode`` and ``plain`` (by wall time and
-        per CPU-second).
+        ratios of every arm to ``decode``, ``whole`` (when timed) and
+        ``plain`` (by wall time and per CPU-second).
 
     Raises:
         FileNotFoundError / ValueError: the dataset cannot be read (one line).
@@ -234,9 +252,11 @@ def run_input_bench(config: InputBenchConfig,
     say = progress or (lambda line: None)
     data = datasets.load(config.dataset, datasets.DataOptions(
         image_size=config.image_size, augment=config.data_augment, cache=config.cache))
-    builders = {"pipeline": _pipeline, "plain": _plain, "decode": _decode, "tutorial": _tutorial}
-    arms = [a for a in ARMS if a != "tutorial" or (config.tutorial
-                                                   and config.dataset.startswith("folder:"))]
+    builders = {"pipeline": _pipeline, "plain": _plain, "decode": _decode, "whole": _whole,
+                "tutorial": _tutorial}
+    wanted = {"tutorial": config.tutorial and config.dataset.startswith("folder:"),
+              "whole": config.data_augment == "crop"}
+    arms = [a for a in ARMS if wanted.get(a, True)]
     pipelines = {arm: builders[arm](config, data) for arm in arms}
     rounds: dict[str, list[dict[str, float]]] = {arm: [] for arm in arms}
     for index in range(config.rounds):
@@ -259,7 +279,7 @@ def run_input_bench(config: InputBenchConfig,
         summary[arm]["images_per_sec_per_core"] = summary[arm]["images_per_sec"] / n
     ratios = {}
     for arm in arms:
-        for floor in ("decode", "plain"):
+        for floor in (f for f in FLOORS if f in arms):
             if arm in (floor, "decode"):
                 continue
             ratios[f"{arm}_to_{floor}"] = (summary[arm]["images_per_sec"]
@@ -281,14 +301,15 @@ def table(report: dict[str, Any]) -> str:
         decode        301.2          150.6         152.0     1.00    1.35  read + ...
     """
     arms = report["arms"]
+    floors = [f for f in FLOORS if f in arms]
     lines = [f"{'arm':9s} {'images/s':>9s} {'images/s/core':>14s} {'images/CPU-s':>13s} "
-             f"{'/decode':>8s} {'/plain':>7s}  what (ratios per CPU-second)"]
+             + " ".join(f"{'/' + f:>7s}" for f in floors) + "  what (ratios per CPU-second)"]
     for arm, row in arms.items():
         ratios = [row["images_per_cpu_sec"] / arms[floor]["images_per_cpu_sec"]
-                  if arms[floor]["images_per_cpu_sec"] else 0.0 for floor in ("decode", "plain")]
+                  if arms[floor]["images_per_cpu_sec"] else 0.0 for floor in floors]
         lines.append(f"{arm:9s} {row['images_per_sec']:9.1f} "
                      f"{row['images_per_sec_per_core']:14.1f} {row['images_per_cpu_sec']:13.1f} "
-                     f"{ratios[0]:8.2f} {ratios[1]:7.2f}  {row['description']}")
+                     + " ".join(f"{r:7.2f}" for r in ratios) + f"  {row['description']}")
     config = report["config"]
     lines.append(f"({report['cores']} cores; median of {config['rounds']} alternated rounds of "
                  f"{config['batches']} batches of {config['batch']}; images/s/core = images/s "

@@ -41,15 +41,17 @@ def test_input_only_prints_every_rate_and_the_ratios(photos, tmp_path):
         "--augment", "crop", "--output", str(out)])
     assert result.exit_code == 0, result.output
     lines = {line.split()[0]: line for line in result.stdout.splitlines() if line.strip()}
-    for arm in ("pipeline", "plain", "decode", "tutorial"):
+    for arm in ("pipeline", "plain", "decode", "whole", "tutorial"):
         assert arm in lines, result.stdout
     assert "decode_and_crop_jpeg" in lines["decode"]
+    assert "decode_jpeg of the whole image" in lines["whole"]
     report = json.loads((out / "input_bench.json").read_text())
-    assert set(report["arms"]) == {"pipeline", "plain", "decode", "tutorial"}
+    assert set(report["arms"]) == {"pipeline", "plain", "decode", "whole", "tutorial"}
     for arm in report["arms"].values():
         assert len(arm["rounds"]) == 2 and arm["images_per_sec"] > 0
         assert arm["images_per_cpu_sec"] > 0 and arm["rounds"][0]["images"] == 8
     assert report["ratios"]["pipeline_to_decode"] > 0
+    assert report["ratios"]["pipeline_to_whole_per_cpu_second"] > 0
     assert report["ratios"]["tutorial_to_plain_per_cpu_second"] > 0
     assert report["config"]["augment"] == "crop" and report["cores"] >= 1
 
