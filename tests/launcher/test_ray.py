@@ -50,6 +50,13 @@ class Cluster:
 
     def __init__(self, hosts: TestHosts, address: str):
         self.hosts, self.address = hosts, address
+        self.stopped = False
+
+    def stop(self) -> None:
+        """Stop both Ray nodes and remove the hosts (once; the fixture's end does it too)."""
+        if not self.stopped:
+            self.stopped = True
+            self.hosts.__exit__(None, None, None)
 
     def launch(self, cwd: Path, *args: str, log: Path | None = None) -> subprocess.Popen:
         sink = open(log or cwd / "driver.log", "w")
@@ -72,7 +79,9 @@ class Cluster:
 def cluster():
     # Ray's unix sockets live under --temp-dir: keep the path short (108 bytes at most).
     temp = tempfile.mkdtemp(prefix="mkray", dir="/tmp")
-    with TestHosts(["rayhead", "raynode"]) as hosts:
+    hosts = TestHosts(["rayhead", "raynode"]).__enter__()
+    handle = Cluster(hosts, "")
+    try:
         head, node = hosts.addresses["rayhead"], hosts.addresses["raynode"]
         env = clean_env(**ENV)
         common = ["--num-cpus=1", "--num-gpus=0", "--disable-usage-stats"]
@@ -83,8 +92,31 @@ def cluster():
         made = hosts.run("raynode", [RAY, "start", f"--address={head}:{PORT}",
                                      f"--node-ip-address={node}", *common], env=env, timeout=120)
         assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]
-        yield Cluster(hosts, f"{head}:{PORT}")
-    subprocess.run(["rm", "-rf", temp], check=False)
+        handle.address = f"{head}:{PORT}"
+        yield handle
+    finally:
+        handle.stop()
+        subprocess.run(["rm", "-rf", temp], check=False)
+
+
+@pytest.fixture(autouse=True)
+def _cluster_gone_after_its_last_test(request):
+    """Stop the cluster right after the module's last test that uses it.
+
+    pytest ends a module fixture only when the next test of its worker comes
+    from another module; under xdist a worker whose queue ran dry keeps the
+    fixture until the session's end, and Ray's idle daemons would then share
+    the cores with the timing tests that run alone at the end.
+    """
+    yield
+    handle = request.node.funcargs.get("cluster")
+    if handle is None:
+        return
+    items = request.session.items
+    later = items[items.index(request.node) + 1:]
+    if not any(i.module is request.node.module and "cluster" in i.fixturenames
+               for i in later):
+        handle.stop()
 
 
 def is_train(pid: int) -> bool:

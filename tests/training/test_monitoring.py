@@ -1,7 +1,7 @@
 """Per-worker monitoring: a real straggler is named, each worker gets its scalar, the event log tells the run.
 
 The straggler is real: under ``mirrorkit launch -n 2`` each worker keeps to
-its own core and worker 1 shares its core with a CPU-bound process
+its own core and worker 1 shares its core with two CPU-bound processes
 (``tests/fixtures/straggler_train.py``), so it needs longer for its share of
 every step while worker 0 waits for it.
 """
