@@ -99,13 +99,29 @@ def gather_per_worker(values: Sequence[float], strategy: Any = None,
     workers = describe(strategy).workers
     if workers < 2:
         return [mine]
-    local = tf.constant(mine, dtype=dtype)
-
-    @tf.function  # eager collectives are slow and TensorFlow warns about them
-    def gather() -> Any:
-        return strategy.gather(strategy.run(lambda: tf.identity(local)), axis=0)
-
-    gathered = gather().numpy().reshape(-1, len(mine))
+    gathered = _gather_function(strategy)(tf.constant(mine, dtype=dtype)).numpy()
+    gathered = gathered.reshape(-1, len(mine))
     # One row per replica; replicas of one worker are consecutive and alike.
     per_worker = gathered.reshape(workers, -1, len(mine))[:, 0, :]
     return np.asarray(per_worker).tolist()
+
+
+# One traced all-gather per strategy, called every epoch: a tf.function made
+# anew per call is traced anew each time (and TensorFlow warns about the
+# retracing after five). A process has one strategy or a few (tests), and the
+# function holds its strategy anyway, so the strategies stay as long as this.
+_GATHERS: dict[Any, Any] = {}
+
+
+def _gather_function(strategy: Any) -> Any:
+    """The all-gather of a 1-D tensor over ``strategy``'s replicas, traced once per shape."""
+    import tensorflow as tf
+
+    found = _GATHERS.get(strategy)
+    if found is None:
+        @tf.function  # eager collectives are slow and TensorFlow warns about them
+        def found(local: Any) -> Any:
+            return strategy.gather(strategy.run(tf.identity, args=(local,)), axis=0)
+
+        _GATHERS[strategy] = found
+    return found
