@@ -163,12 +163,8 @@ def _decode(config: InputBenchConfig, data: Any) -> Any:
 def _whole(config: InputBenchConfig, data: Any) -> Any:
     import tensorflow as tf
 
-    def decode(x: Any, label: Any) -> Any:
-        image = tf.io.decode_image(data.map_fn.encoded(x), channels=data.image_shape[2],
-                                   expand_animations=False)
-        return tf.shape(image)
-
-    ds = data.train.map(decode, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = data.train.map(lambda x, label: tf.shape(data.map_fn.whole(x)),
+                        num_parallel_calls=tf.data.AUTOTUNE)
     return ds.batch(config.batch).prefetch(tf.data.AUTOTUNE).repeat()
 
 

@@ -5,7 +5,8 @@ inputs to ``fit`` and users' own generator datasets -- and
 ``tf.numpy_function`` wrap each NumPy array the Python code returns in a
 tensor that shares the array's memory whenever the array's data is 64-byte
 aligned. A training step that reuses an input buffer for its output
-(TensorFlow's buffer forwarding) then writes into the user's data. Measured, upstream, TensorFlow 2.21:
+(TensorFlow's buffer forwarding) then writes into the user's data.
+Measured, upstream, TensorFlow 2.21:
 
 * two local replicas (``MirroredStrategy`` over two CPU devices), a
   ``PyDataset`` returning slices of one array as x and y: every run whose
@@ -21,9 +22,10 @@ aligned. A training step that reuses an input buffer for its output
 
 The fix copies every NumPy array a ``numpy_function`` returns (a generator's
 elements reach TensorFlow through one) before TensorFlow wraps it: the tensor
-then owns its memory and the user's arrays stay read-only to TensorFlow. It copies in every process where it is on, one device included:
-the array's address, not the strategy, decides whether TensorFlow shares it,
-and a dataset is often made before the strategy that will read it. The copy
+then owns its memory and the user's arrays stay read-only to TensorFlow. It
+copies in every process where it is on, one device included: the array's
+address, not the strategy, decides whether TensorFlow shares it, and a
+dataset is often made before the strategy that will read it. The copy
 costs one ``memcpy`` of each batch, next to the Python call per batch that
 is already made; an unaligned array, TensorFlow copies itself anyway.
 

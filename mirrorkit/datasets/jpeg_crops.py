@@ -201,19 +201,25 @@ class ImageDecoder:
 
         return tf.io.read_file(x) if self.from_path else x
 
+    def whole(self, x: Any) -> Any:
+        """The whole image decoded (uint8): ``decode_image`` is ``decode_jpeg`` for a JPEG.
+
+        The ``whole`` floor of ``mirrorkit bench --input-only`` is this alone.
+        """
+        import tensorflow as tf
+
+        image = tf.io.decode_image(self.encoded(x), channels=self.channels,
+                                   expand_animations=False)
+        image.set_shape([None, None, self.channels])
+        return image
+
     def window(self, x: Any, seed: Any = None) -> Any:
         """The decoded (uint8) pixels :attr:`train_fn` (with a seed) or the call resizes.
 
         The decode floor of ``mirrorkit bench --input-only`` is this alone.
         """
-        import tensorflow as tf
-
         if self.augment == "none":
-            # The whole image: decode_image is decode_jpeg for a JPEG.
-            image = tf.io.decode_image(self.encoded(x), channels=self.channels,
-                                       expand_animations=False)
-            image.set_shape([None, None, self.channels])
-            return image
+            return self.whole(x)
         if seed is None:
             def chooser(h: Any, w: Any) -> Any:
                 return center_window(h, w, self.size)

@@ -100,7 +100,6 @@ def gather_per_worker(values: Sequence[float], strategy: Any = None,
     if workers < 2:
         return [mine]
     gathered = _gather_function(strategy)(tf.constant(mine, dtype=dtype)).numpy()
-    gathered = gathered.reshape(-1, len(mine))
     # One row per replica; replicas of one worker are consecutive and alike.
     per_worker = gathered.reshape(workers, -1, len(mine))[:, 0, :]
     return np.asarray(per_worker).tolist()
