@@ -20,12 +20,27 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    """The test process's environment minus anything that steers mirrorkit."""
+#: Stand-ins that make ``import pandas`` / ``import matplotlib`` fail (see clean_env).
+BASE_INSTALL = REPO / "tests" / "fixtures" / "base_install"
+
+
+def clean_env(*, optional_packages: bool = False, **extra: str) -> dict[str, str]:
+    """The test process's environment minus anything that steers mirrorkit.
+
+    The processes it starts see the packages of a base ``pip install
+    mirrorkit``: the test extra's pandas (which Ray brings) and matplotlib
+    (for the PNGs) are hidden unless ``optional_packages``. Keras imports both
+    at start-up whenever they are installed, which costs every TensorFlow
+    process about 0.7 CPU-s, and the suite starts several hundred. A test
+    that needs them (Ray, a PNG written by a subprocess) asks for them.
+    """
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("MIRRORKIT_", "SLURM_")) and k != "TF_CONFIG"}
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env.update(extra)
+    if not optional_packages:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BASE_INSTALL),
+                                                          env.get("PYTHONPATH")]))
     return env
 
 

@@ -16,7 +16,8 @@ from mirrorkit.commands._common import user_errors
               metavar="FILE", help="Where to draw loss, accuracy and images/s over epochs, "
               "every run overlaid. Default: RUN_DIR/report.png for one run, report.png here "
               "for several; a folder that cannot be written gets it in a new temporary folder "
-              "instead (said in the last line).")
+              "instead (said in the last line). Without matplotlib (a base install) and no --png, "
+              "the report is the text alone.")
 def report(run_dirs: tuple[Path, ...], png: Path | None) -> None:
     """Summarise runs (config, result, targets, throughput per epoch) and plot them.
 

@@ -173,24 +173,36 @@ def _pyplot() -> Any:
     return plt
 
 
-def check_png(runs: list[Run], png: str | os.PathLike | None) -> Path:
+def _has_pyplot() -> bool:
+    try:
+        _pyplot()
+    except MissingDependency:
+        return False
+    return True
+
+
+def check_png(runs: list[Run], png: str | os.PathLike | None) -> Path | None:
     """Where the PNG goes, checked before anything is printed.
 
     ``png`` if given (its folder must exist), else ``RUN_DIR/report.png``
     for one run, ``report.png`` in the current folder for several. An
     unwritable default is no error: :func:`write_plot` then draws elsewhere.
+    Nor is a missing matplotlib without ``png``: None, and the report is the
+    text alone (a base install has no matplotlib).
 
     Raises:
         ValueError: ``png`` is a folder, or its folder does not exist.
-        MissingDependency: matplotlib is not installed.
+        MissingDependency: ``png`` was asked for and matplotlib is not installed.
 
     Example:
         >>> check_png([load_run("runs/a")], None)             # doctest: +SKIP
         PosixPath('runs/a/report.png')
     """
-    _pyplot()
     if png is None:
+        if not _has_pyplot():
+            return None
         return runs[0].path / "report.png" if len(runs) == 1 else Path("report.png")
+    _pyplot()
     png = Path(png)
     if png.is_dir():
         raise ValueError(f"--png must name a file, not a folder. Received: --png={str(png)!r}")
@@ -200,8 +212,10 @@ def check_png(runs: list[Run], png: str | os.PathLike | None) -> Path:
     return png
 
 
-def write_plot(runs: list[Run], target: Path) -> tuple[Path | None, str]:
+def write_plot(runs: list[Run], target: Path | None) -> tuple[Path | None, str]:
     """Draw the PNG at ``target``, else in a new temporary folder, else nowhere.
+
+    A None ``target`` (from :func:`check_png`: no matplotlib) draws nothing.
 
     A run folder on a read-only disk (or one that is not the reader's) still
     gets its report: the plot goes to a temporary folder and the line says
@@ -217,6 +231,8 @@ def write_plot(runs: list[Run], target: Path) -> tuple[Path | None, str]:
     """
     import tempfile
 
+    if target is None:
+        return None, f"skipped the plot: matplotlib is not installed ({_PIP_HINT})"
     try:
         return plot(runs, target), f"wrote {target}"
     except OSError as err:

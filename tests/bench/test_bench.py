@@ -116,7 +116,7 @@ except ImportError as err:
     print("IMPORTERROR", err)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=clean_env(), check=True).stdout
+                         env=clean_env(optional_packages=True), check=True).stdout
     assert 'IMPORTERROR' in out and 'pip install "mirrorkit[bench]"' in out
     assert (tmp_path / "bench.json").exists() and (tmp_path / "bench.csv").exists()
     assert not (tmp_path / "bench.png").exists()
@@ -148,7 +148,7 @@ def test_bench_cnn_digits_one_and_two_replicas(tmp_path):
         [sys.executable, "-m", "mirrorkit", "bench", "--model", "cnn", "--dataset", "digits",
          "--replicas", "1,2", "--steps", "3", "--warmup-steps", "2",
          "--per-replica-batch", "16", "--output", str(out)],
-        capture_output=True, text=True, env=clean_env(), timeout=240)
+        capture_output=True, text=True, env=clean_env(optional_packages=True), timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     table = proc.stdout.strip().splitlines()
     assert table[0].split()[:2] == ["workers", "replicas"]

@@ -118,12 +118,20 @@ def test_a_missing_optional_package_is_one_line_with_the_pip_command(monkeypatch
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    result = CliRunner().invoke(cli, ["report", str(run_dir)])
+    asked = run_dir.parent / "asked.png"
+    result = CliRunner().invoke(cli, ["report", str(run_dir), "--png", str(asked)])
     assert result.exit_code == 1, result.output
     assert _lines(result.stderr) == [
         'Error: The report\'s PNG needs matplotlib, which is not installed: '
         'pip install "mirrorkit[bench]"'], result.stderr
-    assert "Traceback" not in result.output
+    assert "Traceback" not in result.output and not asked.exists()
+    # Not asked for a PNG, a base install still gets the text report, and is told.
+    result = CliRunner().invoke(cli, ["report", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"run        {run_dir}"), result.stdout
+    assert _lines(result.stdout)[-1] == ('skipped the plot: matplotlib is not installed '
+                                         '(pip install "mirrorkit[bench]")'), result.stdout
+    assert not (run_dir / "report.png").exists()
 
 
 def test_clicks_own_exits_pass_through():

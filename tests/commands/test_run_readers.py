@@ -252,7 +252,8 @@ def _read_only(folder, *command):
     """``command`` run with ``folder`` mounted read-only (a user+mount namespace, no root)."""
     script = 'mount --bind -o ro "$0" "$0" && exec "$@"'
     return subprocess.run(["unshare", "-rm", "sh", "-c", script, str(folder), *command],
-                          capture_output=True, text=True, env=clean_env(), timeout=120)
+                          capture_output=True, text=True, timeout=120,
+                          env=clean_env(optional_packages=True))   # draws a PNG
 
 
 def test_on_a_read_only_run_folder_the_report_prints_and_the_png_goes_elsewhere(tmp_path):

@@ -42,6 +42,11 @@ SCRIPT = str(REPO / "tests" / "fixtures" / "scripts" / "save_the_usual_way.py")
 PORT = 6390
 # Fast peer-loss detection for the killed worker's survivor; no usage reports.
 ENV = {"MIRRORKIT_COLLECTIVE_TIMEOUT": "5", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """clean_env with ENV, and with pandas, which Ray Train imports."""
+    return clean_env(optional_packages=True, **{**ENV, **extra})
 TRAIN = ["mirrorkit", "train", "--per-replica-batch", "32"]
 
 
@@ -61,7 +66,7 @@ class Cluster:
     def launch(self, cwd: Path, *args: str, log: Path | None = None) -> subprocess.Popen:
         sink = open(log or cwd / "driver.log", "w")
         return self.hosts.popen("rayhead", [*MIRRORKIT, "launch", "--ray", self.address, *args],
-                                cwd=str(cwd), env=clean_env(**ENV), stdout=sink,
+                                cwd=str(cwd), env=_env(), stdout=sink,
                                 stderr=subprocess.STDOUT, text=True)
 
     def run(self, cwd: Path, *args: str, timeout: float = 240) -> tuple[int, str]:
@@ -83,7 +88,7 @@ def cluster():
     handle = Cluster(hosts, "")
     try:
         head, node = hosts.addresses["rayhead"], hosts.addresses["raynode"]
-        env = clean_env(**ENV)
+        env = _env()
         common = ["--num-cpus=1", "--num-gpus=0", "--disable-usage-stats"]
         made = hosts.run("rayhead", [RAY, "start", "--head", f"--node-ip-address={head}",
                                      f"--port={PORT}", "--include-dashboard=false",
@@ -185,7 +190,7 @@ def test_mirrorkit_train_on_two_ray_nodes_survives_a_killed_worker_like_a_local_
     # The same job launched on this machine: the same accuracy within noise.
     local = subprocess.run([*MIRRORKIT, "launch", "-n", "2", "--", *TRAIN, "--epochs", "2",
                             "--output", str(tmp_path / "local")], cwd=tmp_path,
-                           env=clean_env(**ENV), capture_output=True, text=True, timeout=240)
+                           env=_env(), capture_output=True, text=True, timeout=240)
     assert local.returncode == 0, local.stderr[-3000:]
     local_metrics = json.loads((tmp_path / "local" / "metrics.json").read_text())
     assert abs(ray_metrics["val_accuracy"] - local_metrics["val_accuracy"]) <= 0.03, (
@@ -214,7 +219,7 @@ def test_an_unmodified_script_under_mirrorkit_run_from_a_driver_of_ones_own(clus
     with open(log, "w") as sink:
         proc = cluster.hosts.popen("rayhead", [sys.executable, "driver.py", cluster.address,
                                                SCRIPT], cwd=str(tmp_path),
-                                   env=clean_env(**ENV, RAY_DEDUP_LOGS="0"), stdout=sink,
+                                   env=_env(RAY_DEDUP_LOGS="0"), stdout=sink,
                                    stderr=subprocess.STDOUT, text=True)
         code = proc.wait(480)
     text = log.read_text()

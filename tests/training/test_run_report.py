@@ -55,7 +55,7 @@ def test_report_never_imports_tensorflow(tmp_path):
             f"try:\n    main(['report', {str(run)!r}])\nexcept SystemExit as e:\n"
             "    assert not e.code, e.code\nprint('TF', 'tensorflow' in sys.modules)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=clean_env(), timeout=60)
+                          env=clean_env(optional_packages=True), timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "TF False"
     assert (run / "report.png").exists()
