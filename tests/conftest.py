@@ -384,7 +384,8 @@ def _cpu_log(item: pytest.Item):
     Wall time on 2 shared cores says little about what a test costs the suite;
     CPU seconds (this process and every child it waited for: TensorFlow
     subprocesses, launched workers) do, whatever runs beside it. One JSON line
-    per test; ``tools/test_durations.py --cpu FILE`` turns them into weights.
+    per test (with its end time and xdist worker, to draw the session's
+    timeline); ``tools/test_durations.py --cpu FILE`` turns them into weights.
     """
     log = os.environ.get("MIRRORKIT_TEST_CPU_LOG")
     if not log:
@@ -395,7 +396,9 @@ def _cpu_log(item: pytest.Item):
         yield
     finally:
         line = json.dumps({"test": item.nodeid, "cpu": round(_cpu_seconds() - start, 2),
-                           "wall": round(time.monotonic() - wall, 2)})
+                           "wall": round(time.monotonic() - wall, 2),
+                           "end": round(time.time(), 1), "worker": os.environ.get(
+                               "PYTEST_XDIST_WORKER", "")})
         with open(log, "a") as out:
             out.write(line + "\n")
 
