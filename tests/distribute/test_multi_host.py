@@ -152,7 +152,9 @@ def test_a_link_cut_mid_epoch_is_survived_with_every_epoch_done_once(hosts, tmp_
         assert "mirrorkit: lost peer " in node.text(), node.text()[-3000:]
 
 
-@pytest.mark.exclusive
+# Not `exclusive`: TensorFlow's heartbeat threads name the frozen host 5.1 s
+# after the freeze with 8 busy processes on the 2 cores (bound 21 s), and
+# waiting for the whole machine mid-session cost the suite ~30 s of idle cores.
 def test_a_frozen_host_is_named_by_the_survivor_within_the_bound(hosts, tmp_path):
     out = tmp_path / "out"
     # mirrorkit run on the survivor: the runner reports the loss in one line too.
@@ -170,6 +172,7 @@ def test_a_frozen_host_is_named_by_the_survivor_within_the_bound(hosts, tmp_path
         hosts.signal_all("hostb", signal.SIGCONT)
         hosts.kill_all("hostb")
     text = nodes[0].text()
+    print(f"\nthe survivor exited {code} {waited:.1f} s after the freeze")
     assert code != 0, text[-3000:]
     # Heartbeat timeout 5 s + the documented 10 s margin + the launcher's 1 s grace.
     assert waited < 5 + 10 + 1 + 5, (waited, text[-3000:])
