@@ -136,16 +136,19 @@ def _trigger_tensorflow() -> None:
     # in every process.
     import tensorflow as tf
 
-    state = tf.TensorSpec([], tf.int64)
+    state = [tf.TensorSpec([], tf.int64, name="state")]
 
-    def zero(*_: Any) -> Any:
+    def start() -> Any:
         return tf.constant(0, tf.int64)
 
-    init, step, final = (tf.function(zero, input_signature=sig).get_concrete_function()
-                         for sig in ([], [state], [state]))
+    def step(state: Any) -> Any:   # named arguments: `*args` makes invalid node names
+        return tf.constant(0, tf.int64)
+
+    init, step_fn, final = (tf.function(fn, input_signature=sig).get_concrete_function()
+                            for fn, sig in ((start, []), (step, state), (step, state)))
     tf.raw_ops.GeneratorDataset(
         init_func_other_args=[], next_func_other_args=[], finalize_func_other_args=[],
-        init_func=init, next_func=step, finalize_func=final, output_types=[tf.int64],
+        init_func=init, next_func=step_fn, finalize_func=final, output_types=[tf.int64],
         output_shapes=[[]])
 
 

@@ -44,6 +44,12 @@ def _one_step(model, shape, classes, *, eager):
     ("efficientnet_b0", (32, 32, 3), True),
 ])
 def test_every_model_builds_and_trains_one_step(name, shape, eager):
+    import keras
+
+    # Seeded: ResNet-50 from scratch predicts with BatchNormalization's barely
+    # moved statistics after one step, and some initial weights overflow its
+    # logits (NaN probabilities once in a CI run, seeded by the tests before).
+    keras.utils.set_random_seed(0)
     classes = 5
     model = build_model(name, input_shape=shape, num_classes=classes)
     assert model.name == name
