@@ -136,19 +136,19 @@ def _trigger_tensorflow() -> None:
     # in every process.
     import tensorflow as tf
 
-    state = [tf.TensorSpec([], tf.int64, name="state")]
-
     def start() -> Any:
         return tf.constant(0, tf.int64)
 
-    def step(state: Any) -> Any:   # named arguments: `*args` makes invalid node names
+    def step(state: Any) -> Any:   # a named argument: `*args` makes invalid node names
         return tf.constant(0, tf.int64)
 
-    init, step_fn, final = (tf.function(fn, input_signature=sig).get_concrete_function()
-                            for fn, sig in ((start, []), (step, state), (step, state)))
+    init = tf.function(start, input_signature=[]).get_concrete_function()
+    # The same function serves as next and finalize: both take the state.
+    step_fn = tf.function(step, input_signature=[tf.TensorSpec([], tf.int64)]
+                          ).get_concrete_function()
     tf.raw_ops.GeneratorDataset(
         init_func_other_args=[], next_func_other_args=[], finalize_func_other_args=[],
-        init_func=init, next_func=step_fn, finalize_func=final, output_types=[tf.int64],
+        init_func=init, next_func=step_fn, finalize_func=step_fn, output_types=[tf.int64],
         output_shapes=[[]])
 
 

@@ -173,14 +173,6 @@ def _pyplot() -> Any:
     return plt
 
 
-def _has_pyplot() -> bool:
-    try:
-        _pyplot()
-    except MissingDependency:
-        return False
-    return True
-
-
 def check_png(runs: list[Run], png: str | os.PathLike | None) -> Path | None:
     """Where the PNG goes, checked before anything is printed.
 
@@ -199,7 +191,9 @@ def check_png(runs: list[Run], png: str | os.PathLike | None) -> Path | None:
         PosixPath('runs/a/report.png')
     """
     if png is None:
-        if not _has_pyplot():
+        try:
+            _pyplot()
+        except MissingDependency:
             return None
         return runs[0].path / "report.png" if len(runs) == 1 else Path("report.png")
     _pyplot()
