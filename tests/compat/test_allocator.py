@@ -31,7 +31,7 @@ with strategy.scope():
     model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 model.fit(x, y, batch_size=64, epochs=1, verbose=0)          # warm-up: traces the step
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-model.fit(x, y, batch_size=64, epochs=2, verbose=0)          # 8 steps, activations of 1 MiB
+model.fit(x, y, batch_size=64, epochs=6, verbose=0)          # 24 steps, activations of 1 MiB
 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 libc = allocator._libc()
 print("RESULT " + json.dumps({"state": allocator.state(), "fit_faults": faults,
@@ -64,7 +64,10 @@ def test_steps_stop_faulting_their_tensors_in_again(tmp_path):
     # vary from run to run on one machine (upstream 1664-2810, fixed
     # 1108-2733 under the parallel suite), so the ratio is asserted only
     # where the churn is unmistakable; the probe above is the exact evidence.
-    steps = 8
+    # 24 steps: the faults that do not come from the steps (threads, first
+    # allocations) weigh on the per-step comparison three times less than over 8
+    # (a loaded CI run once saw the fixed side 2,168 faults above upstream over 8).
+    steps = 24
     if upstream["fit_faults"] >= 3 * steps * pages:
         assert fixed["fit_faults"] * 3 < upstream["fit_faults"], (fixed, upstream)
     else:
