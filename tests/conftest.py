@@ -24,6 +24,9 @@ REPO = Path(__file__).resolve().parent.parent
 BASE_INSTALL = REPO / "tests" / "fixtures" / "base_install"
 
 
+COLLECTIVE_TIMEOUT_VAR = "MIRRORKIT_COLLECTIVE_TIMEOUT"
+
+
 def clean_env(*, optional_packages: bool = False, **extra: str) -> dict[str, str]:
     """The test process's environment minus anything that steers mirrorkit.
 
@@ -37,6 +40,11 @@ def clean_env(*, optional_packages: bool = False, **extra: str) -> dict[str, str
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("MIRRORKIT_", "SLURM_")) and k != "TF_CONFIG"}
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # Workers a test starts tolerate 30 s without a peer's heartbeat, not the
+    # product's 10 s: four xdist workers on two loaded cores once starved a
+    # launched worker that long and aborted a job whose test has nothing to do
+    # with lost peers. Tests of peer loss set their own (shorter) timeout.
+    env[COLLECTIVE_TIMEOUT_VAR] = "30"
     env.update(extra)
     if not optional_packages:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BASE_INSTALL),
