@@ -251,6 +251,16 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         TESTED_KERAS,
     ),
     KnownIssue(
+        "keras-replica-random", "keras", "3.0", None,
+        "under N replicas every replica draws the same Dropout masks, noise, random "
+        "augmentation and keras.random numbers (one SeedGenerator state, the replica's own "
+        "slice shape): replica 0 gets the first rows of one device's draw and the others "
+        "repeat them, so training is silently less random than on one device.",
+        "compat fix 'replica-random' gives each replica its own rows of the global batch's "
+        "draw.",
+        TESTED_KERAS,
+    ),
+    KnownIssue(
         "keras#20582", "keras", "3.0", None,
         "optimizer gradient_accumulation_steps fails under any tf.distribute strategy "
         "('`merge_call` called while defining a new graph': a sync inside a cond).",

@@ -17,7 +17,8 @@ module each: :mod:`~mirrorkit.compat.symbolic_build`,
 :mod:`~mirrorkit.compat.generator_copies`, :mod:`~mirrorkit.compat.accumulation`,
 :mod:`~mirrorkit.compat.layer_losses`, :mod:`~mirrorkit.compat.scalar_losses`,
 :mod:`~mirrorkit.compat.symbolic_names`, :mod:`~mirrorkit.compat.no_gradient_losses`,
-:mod:`~mirrorkit.compat.logged_losses`, :mod:`~mirrorkit.compat.symbolic_order`, :mod:`~mirrorkit.compat.step_metrics`. One more is a process setting, not a Keras
+:mod:`~mirrorkit.compat.logged_losses`, :mod:`~mirrorkit.compat.symbolic_order`, :mod:`~mirrorkit.compat.step_metrics`,
+:mod:`~mirrorkit.compat.replica_random`. One more is a process setting, not a Keras
 patch (:mod:`~mirrorkit.compat.allocator`, ``malloc-thresholds``): :func:`apply`
 runs it and it is turned off by name like the others, but it is not in
 :data:`FIXES` and not in :func:`apply`'s result.
@@ -47,6 +48,7 @@ from mirrorkit.compat import (
     no_gradient_losses,
     on_batch,
     probes,
+    replica_random,
     scalar_losses,
     scalar_logs,
     step_metrics,
@@ -145,6 +147,14 @@ FIXES: dict[str, Fix] = {fix.name: fix for fix in (
         (_TRAINER, "_maybe_symbolic_build", "TensorFlowTrainer"), symbolic_order.make),
     Fix("step-metrics", "batch-end logs average the replicas' metric results",
         ("keras.src.trainers.trainer", "get_metrics_result", "Trainer"), step_metrics.make),
+    Fix("replica-random", "every replica draws the same Dropout masks",
+        ("keras.src.backend.tensorflow.random", "dropout", None), replica_random.make_dropout,
+        also=(*(("keras.src.backend.tensorflow.random", name, None, replica_random.make_draw)
+                for name in ("uniform", "normal", "truncated_normal", "randint")),
+              ("keras.src.backend.tensorflow.random", "categorical", None,
+               replica_random.make_categorical),
+              ("tensorflow.python.distribute.distribute_lib", "run", "StrategyBase",
+               replica_random.make_run))),
 )}
 
 # Per process: each fix's decision (probes run once) and the fixes whose

@@ -152,6 +152,16 @@ _FIXES = (
          "keras-step-metrics: under N replicas the batch-end logs average the replicas' own "
          "metric results, which for weighted metrics and uneven slices (loss included) is "
          "not the global batch's value.", "tests/compat/test_step_losses.py"),
+    _fix("replica-random", tuple(f"keras.src.backend.tensorflow.random.{name}" for name in
+                                 ("dropout", "uniform", "normal", "truncated_normal", "randint",
+                                  "categorical")) +
+         ("tensorflow.python.distribute.distribute_lib.StrategyBase.run",),
+         "a batch-shaped random draw inside strategy.run is this replica's rows of the draw "
+         "for the global batch (one all-gather of the replicas' row counts per traced step)",
+         "keras-replica-random: under N replicas every replica draws the same Dropout masks, "
+         "noise and random augmentation for its slice, so training is less random than on "
+         "one device and its numbers differ from plain Python's.",
+         "tests/compat/test_replica_random.py"),
     _fix("malloc-thresholds",
          ("glibc mallopt(M_MMAP_THRESHOLD, M_TRIM_THRESHOLD)",
           "tensorflow.python.distribute.distribute_lib.StrategyBase."
