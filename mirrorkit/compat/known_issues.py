@@ -251,6 +251,14 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         TESTED_KERAS,
     ),
     KnownIssue(
+        "keras-uneven-batch-losses", "keras", "3.0", None,
+        "under N replicas a batch that does not split evenly (a last batch of 5 on 2 "
+        "replicas) weighs each replica's mean loss 1/N, so the rows of the smaller slice "
+        "count more than on one device and that step's update differs from plain Python's.",
+        "compat fix 'uneven-batch-losses' weighs each replica's loss share by its rows.",
+        TESTED_KERAS,
+    ),
+    KnownIssue(
         "keras-replica-random", "keras", "3.0", None,
         "under N replicas every replica draws the same Dropout masks, noise, random "
         "augmentation and keras.random numbers (one SeedGenerator state, the replica's own "

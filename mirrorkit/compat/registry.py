@@ -18,7 +18,8 @@ module each: :mod:`~mirrorkit.compat.symbolic_build`,
 :mod:`~mirrorkit.compat.layer_losses`, :mod:`~mirrorkit.compat.scalar_losses`,
 :mod:`~mirrorkit.compat.symbolic_names`, :mod:`~mirrorkit.compat.no_gradient_losses`,
 :mod:`~mirrorkit.compat.logged_losses`, :mod:`~mirrorkit.compat.symbolic_order`, :mod:`~mirrorkit.compat.step_metrics`,
-:mod:`~mirrorkit.compat.replica_random`. One more is a process setting, not a Keras
+:mod:`~mirrorkit.compat.replica_random`,
+:mod:`~mirrorkit.compat.uneven_batches`. One more is a process setting, not a Keras
 patch (:mod:`~mirrorkit.compat.allocator`, ``malloc-thresholds``): :func:`apply`
 runs it and it is turned off by name like the others, but it is not in
 :data:`FIXES` and not in :func:`apply`'s result.
@@ -56,6 +57,7 @@ from mirrorkit.compat import (
     symbolic_build,
     symbolic_names,
     symbolic_order,
+    uneven_batches,
 )
 from mirrorkit.compat.fix import Decision, Fix, FixUnavailable
 from mirrorkit.patching import switches
@@ -107,6 +109,14 @@ FIXES: dict[str, Fix] = {fix.name: fix for fix in (
         (_CORE, "_initialize_with_initializer", "Variable"), step_variables.make),
     Fix("no-call-build", "does not have a `call()` method implemented",
         ("keras.src.trainers.trainer", "_symbolic_build", "Trainer"), no_call_build.make),
+    # Below cross-replica-step's and no-gradient-losses' wrappers of the same
+    # two functions: it weighs a share only where they let Keras scale it.
+    Fix("uneven-batch-losses", "an uneven batch weighs each replica's mean 1/N",
+        ("keras.src.losses.loss", "scale_loss_for_distribution", None), uneven_batches.make_scale,
+        also=(("keras.src.losses.loss", "unscale_loss_for_distribution", None,
+               uneven_batches.make_unscale),
+              ("tensorflow.python.distribute.distribute_lib", "run", "StrategyBase",
+               uneven_batches.make_run))),
     Fix("cross-replica-step",
         "DistributedVariable.handle is not available outside the replica context",
         (_CORE, "handle", "Variable"), cross_replica_step.make_handle,

@@ -46,127 +46,13 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
-import threading
 from typing import Any, Callable
 
-from mirrorkit.strategy_facts import replicas
+from mirrorkit.compat import step_rows
+from mirrorkit.compat.step_rows import make_run
 
-# This thread's stack of step rows: MirroredStrategy runs each replica's step
-# in its own thread, so the rows of one replica are never another's.
-_local = threading.local()
-
-
-@dataclasses.dataclass
-class _Rows:
-    """The row count of one replica's step, and its share of the global rows per graph."""
-
-    count: Any                    # int32 scalar tensor: this replica's batch rows
-    static: int | None            # the same when known at trace time
-    graph: Any                    # the step's graph (None when the step runs eagerly)
-    shares: dict = dataclasses.field(default_factory=dict)   # graph -> (offset, total)
-
-
-def _stack() -> list[_Rows]:
-    if not hasattr(_local, "stack"):
-        _local.stack = []
-    return _local.stack
-
-
-def _leading_rows(args: Any, kwargs: Any) -> _Rows | None:
-    """The rows of the first tensor of rank >= 1 among a step's arguments."""
-    import tensorflow as tf
-
-    for leaf in tf.nest.flatten((args, kwargs or {}), expand_composites=False):
-        if isinstance(leaf, tf.Tensor) and leaf.shape.rank:
-            count = tf.shape(leaf, out_type=tf.int32)[0]
-            return _Rows(count, leaf.shape[0], None if tf.executing_eagerly() else count.graph)
-    return None
-
-
-def make_run(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap ``StrategyBase.run`` (``original``): each replica's call knows its batch rows.
-
-    Example:
-        >>> from tensorflow.python.distribute import distribute_lib   # doctest: +SKIP
-        >>> patched = make_run(distribute_lib.StrategyBase.run)        # doctest: +SKIP
-    """
-
-    def run(self: Any, fn: Callable[..., Any], args: Any = (), kwargs: Any = None,
-            options: Any = None) -> Any:
-        import tensorflow as tf
-
-        # A tf.function given to run eagerly is left to upstream, which runs
-        # all replicas in one graph for it (see the module docstring).
-        if replicas(self) <= 1 or not isinstance(args, (list, tuple)) \
-                or isinstance(fn, tf.types.experimental.GenericFunction):
-            return original(self, fn, args, kwargs, options)
-        from tensorflow.python.autograph.core import ag_ctx
-        from tensorflow.python.autograph.impl import api as autograph
-
-        # Convert the step as upstream would, then keep AutoGraph off the wrapper.
-        converted = autograph.tf_convert(fn, ag_ctx.control_status_ctx(),
-                                         convert_by_default=False)
-
-        @autograph.do_not_convert
-        def with_rows(*call_args: Any, **call_kwargs: Any) -> Any:
-            rows = _leading_rows(call_args, call_kwargs)
-            if rows is None:
-                return converted(*call_args, **call_kwargs)
-            stack = _stack()
-            stack.append(rows)
-            try:
-                return converted(*call_args, **call_kwargs)
-            finally:
-                stack.pop()
-
-        return original(self, with_rows, args, kwargs, options)
-
-    return run
-
-
-def _in_cond_branch(graph: Any) -> bool:
-    from tensorflow.python.framework import func_graph
-
-    while isinstance(graph, func_graph.FuncGraph):
-        if type(graph).__name__ == "CondBranchFuncGraph":
-            return True
-        graph = getattr(graph, "outer_graph", None)
-    return False
-
-
-def _inside(step_graph: Any) -> bool:
-    """Is the current graph the step's, or a function or branch traced inside it?"""
-    import tensorflow as tf
-
-    if tf.executing_eagerly():
-        return step_graph is None
-    graph = tf.compat.v1.get_default_graph()
-    while graph is not None:
-        if graph is step_graph:
-            return True
-        graph = getattr(graph, "outer_graph", None)
-    return False
-
-
-def _share(rows: _Rows, context: Any) -> tuple[Any, Any]:
-    """``(offset, total)``: where this replica's rows start in the global batch, and its size."""
-    import tensorflow as tf
-
-    graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
-    if graph in rows.shares:
-        return rows.shares[graph]
-    replica = tf.cast(context.replica_id_in_sync_group, tf.int32)
-    if graph is not None and _in_cond_branch(graph):
-        # No collective inside a branch that replicas may not all take.
-        share = (replica * rows.count, context.num_replicas_in_sync * rows.count)
-    else:
-        counts = context.all_gather(tf.reshape(rows.count, [1]), axis=0)
-        share = (tf.reduce_sum(counts[:replica]), tf.reduce_sum(counts))
-    rows.shares[graph] = share
-    return share
-
+__all__ = ["make_categorical", "make_draw", "make_dropout", "make_run"]
 
 def _shape_list(shape: Any) -> list[Any] | None:
     """``shape`` as a list of ints and int32 scalars, or None when it has no first dimension."""
@@ -193,12 +79,12 @@ def _rows_of_global(dims: list[Any], draw: Callable[[list[Any]], Any],
     """
     import tensorflow as tf
 
-    stack = _stack()
+    rows = step_rows.current()
     context = tf.distribute.get_replica_context()
-    if not stack or context is None or context.num_replicas_in_sync <= 1:
+    if rows is None or context is None or context.num_replicas_in_sync <= 1:
         return None
-    rows, first = stack[-1], dims[0]
-    if not _inside(rows.graph):
+    first = dims[0]
+    if not step_rows.inside(rows.graph):
         # Outside the step's graph: a variable's initializer lifted out of
         # the step (tf.init_scope) draws what one device draws.
         return None
@@ -207,7 +93,7 @@ def _rows_of_global(dims: list[Any], draw: Callable[[list[Any]], Any],
         return None
 
     # Before the cond below: its branches are no place for a collective.
-    offset, total = _share(rows, context)
+    offset, total = step_rows.share(rows, context)
 
     def sliced() -> Any:
         if full is not None:
@@ -250,7 +136,7 @@ def make_draw(original: Callable[..., Any]) -> Callable[..., Any]:
     signature = inspect.signature(original)
 
     def draw(*args: Any, **kwargs: Any) -> Any:
-        if not _stack():
+        if step_rows.current() is None:
             return original(*args, **kwargs)
         bound = signature.bind(*args, **kwargs)
         dims = _shape_list(bound.arguments["shape"])
@@ -286,7 +172,7 @@ def make_dropout(original: Callable[..., Any]) -> Callable[..., Any]:
     """
 
     def dropout(inputs: Any, rate: Any, noise_shape: Any = None, seed: Any = None) -> Any:
-        if not _stack() or isinstance(rate, (int, float)) and rate in (0.0, 1.0):
+        if step_rows.current() is None or isinstance(rate, (int, float)) and rate in (0.0, 1.0):
             return original(inputs, rate, noise_shape=noise_shape, seed=seed)
         import tensorflow as tf
         from keras.src.backend.tensorflow import random as tf_random
@@ -326,7 +212,7 @@ def make_categorical(original: Callable[..., Any]) -> Callable[..., Any]:
     """
 
     def categorical(logits: Any, num_samples: Any, dtype: str = "int64", seed: Any = None) -> Any:
-        if not _stack():
+        if step_rows.current() is None:
             return original(logits, num_samples, dtype=dtype, seed=seed)
         import tensorflow as tf
 

@@ -84,6 +84,15 @@ _FIXES = (
          "keras-no-call-build: fit on a model without call() (a GAN overriding train_step) "
          "under any strategy fails building the model symbolically.",
          "tests/compat/test_training_loops.py"),
+    _fix("uneven-batch-losses", (f"{_LOSS}.scale_loss_for_distribution",
+                                 f"{_LOSS}.unscale_loss_for_distribution",
+                                 "tensorflow.python.distribute.distribute_lib.StrategyBase.run"),
+         "a replica's loss share is weighed by its rows over the global batch's (the logged "
+         "value by the inverse); one all-gather of the replicas' row counts per traced step "
+         "whose batch size is not static",
+         "keras-uneven-batch-losses: under N replicas a batch that does not split evenly "
+         "weighs each replica's mean 1/N, so that step's update differs from one device's.",
+         "tests/compat/test_uneven_batches.py"),
     _fix("cross-replica-step", (f"{_VARIABLE}.handle", f"{_LOSS}.scale_loss_for_distribution",
                                 f"{_LOSS}.unscale_loss_for_distribution",
                                 "tf.__internal__.distribute.interim.maybe_merge_call",

@@ -8,7 +8,9 @@ with one device's draw for the whole batch, for every patched function, at
 batches that split evenly, unevenly (2/2/1) and leave a replica empty,
 traced and eager; with the fix reverted, replicas repeat replica 0's numbers.
 The script test trains a model with flip, noise and two Dropouts plain, under
-``mirrorkit run`` and on two launched workers: same losses and weights.
+``mirrorkit run`` and on two launched workers: same losses and weights (its
+last batch splits unevenly, which ``uneven-batch-losses`` makes exact;
+tests/compat/test_uneven_batches.py turns that one off).
 """
 
 from __future__ import annotations
@@ -102,7 +104,8 @@ def test_each_replica_draws_its_rows_of_one_devices_draw(run_python):
 SCRIPT = REPO / "tests" / "fixtures" / "scripts" / "random_layers.py"
 
 
-def _train(command: list[str], cwd, **env: str) -> list[dict]:
+def train(command: list[str], cwd, **env: str) -> list[dict]:
+    """Run ``command`` in a new folder ``cwd``; the JSON of each process's run."""
     cwd.mkdir()
     proc = subprocess.run(command, cwd=str(cwd), env=clean_env(**env), capture_output=True,
                           text=True, timeout=300)
@@ -110,7 +113,8 @@ def _train(command: list[str], cwd, **env: str) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(cwd.glob("random_layers-*.json"))]
 
 
-def _largest_difference(a: dict, b: dict) -> float:
+def largest_difference(a: dict, b: dict) -> float:
+    """The largest difference of two runs' losses and final weights."""
     return max(max(abs(x - y) for x, y in zip(a["loss"], b["loss"])),
                *(float(np.max(np.abs(np.subtract(u, v))))
                  for u, v in zip(a["weights"], b["weights"])))
@@ -118,14 +122,14 @@ def _largest_difference(a: dict, b: dict) -> float:
 
 @pytest.mark.slow
 def test_random_layers_train_as_in_plain_python_under_run_and_launch(tmp_path):
-    (plain,) = _train([sys.executable, str(SCRIPT)], tmp_path / "plain")
+    (plain,) = train([sys.executable, str(SCRIPT)], tmp_path / "plain")
     run = [sys.executable, "-m", "mirrorkit", "run", "--simulate-cpus", "2", str(SCRIPT)]
-    (local,) = _train(run, tmp_path / "run")
-    workers = _train([sys.executable, "-m", "mirrorkit", "launch", "-n", "2", "--", "mirrorkit",
+    (local,) = train(run, tmp_path / "run")
+    workers = train([sys.executable, "-m", "mirrorkit", "launch", "-n", "2", "--", "mirrorkit",
                       "run", str(SCRIPT)], tmp_path / "launch")
     assert len(workers) == 2
     for got in (local, *workers):
-        assert _largest_difference(got, plain) < 1e-6
+        assert largest_difference(got, plain) < 1e-6
     # The control: upstream's draws train another model.
-    (upstream,) = _train(run, tmp_path / "upstream", MIRRORKIT_COMPAT_DISABLE="replica-random")
-    assert _largest_difference(upstream, plain) > 1e-2
+    (upstream,) = train(run, tmp_path / "upstream", MIRRORKIT_COMPAT_DISABLE="replica-random")
+    assert largest_difference(upstream, plain) > 1e-2

@@ -1,0 +1,149 @@
+"""Each replica's batch rows during ``strategy.run``, and where they sit in the global batch.
+
+Two fixes need to know, inside a replica's step, how many rows its batch
+has and which rows of the global batch they are: ``replica-random`` (a
+replica draws its rows of one device's random numbers) and
+``uneven-batch-losses`` (a replica's loss weighs its rows as one device
+weighs them). :func:`make_run` wraps ``StrategyBase.run`` so that each
+replica's call records the rows of the first tensor of its arguments;
+:func:`share` gives ``(offset, total)`` from one ``all_gather`` of the
+replicas' row counts, emitted once per traced step and only when asked for.
+
+Example:
+    >>> current() is None        # outside strategy.run
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any, Callable
+
+from mirrorkit.strategy_facts import replicas
+
+# This thread's stack of step rows: MirroredStrategy runs each replica's step
+# in its own thread, so the rows of one replica are never another's.
+_local = threading.local()
+
+
+@dataclasses.dataclass
+class _Rows:
+    """The row count of one replica's step, and its share of the global rows per graph."""
+
+    count: Any                    # int32 scalar tensor: this replica's batch rows
+    static: int | None            # the same when known at trace time
+    graph: Any                    # the step's graph (None when the step runs eagerly)
+    shares: dict = dataclasses.field(default_factory=dict)   # graph -> (offset, total)
+
+
+def stack() -> list[_Rows]:
+    """This thread's rows of the replica steps it is inside, innermost last."""
+    if not hasattr(_local, "stack"):
+        _local.stack = []
+    return _local.stack
+
+
+def _leading_rows(args: Any, kwargs: Any) -> _Rows | None:
+    """The rows of the first tensor of rank >= 1 among a step's arguments."""
+    import tensorflow as tf
+
+    for leaf in tf.nest.flatten((args, kwargs or {}), expand_composites=False):
+        if isinstance(leaf, tf.Tensor) and leaf.shape.rank:
+            count = tf.shape(leaf, out_type=tf.int32)[0]
+            return _Rows(count, leaf.shape[0], None if tf.executing_eagerly() else count.graph)
+    return None
+
+
+def make_run(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``StrategyBase.run`` (``original``): each replica's call knows its batch rows.
+
+    Example:
+        >>> from tensorflow.python.distribute import distribute_lib   # doctest: +SKIP
+        >>> patched = make_run(distribute_lib.StrategyBase.run)        # doctest: +SKIP
+    """
+
+    def run(self: Any, fn: Callable[..., Any], args: Any = (), kwargs: Any = None,
+            options: Any = None) -> Any:
+        import tensorflow as tf
+
+        # A tf.function given to run eagerly is left to upstream, which runs
+        # all replicas in one graph for it (see the module docstring).
+        if replicas(self) <= 1 or not isinstance(args, (list, tuple)) \
+                or isinstance(fn, tf.types.experimental.GenericFunction):
+            return original(self, fn, args, kwargs, options)
+        from tensorflow.python.autograph.core import ag_ctx
+        from tensorflow.python.autograph.impl import api as autograph
+
+        # Convert the step as upstream would, then keep AutoGraph off the wrapper.
+        converted = autograph.tf_convert(fn, ag_ctx.control_status_ctx(),
+                                         convert_by_default=False)
+
+        if getattr(fn, "_mirrorkit_rows", False):
+            # Another fix's wrapper of run already records the rows.
+            return original(self, fn, args, kwargs, options)
+
+        @autograph.do_not_convert
+        def with_rows(*call_args: Any, **call_kwargs: Any) -> Any:
+            rows = _leading_rows(call_args, call_kwargs)
+            if rows is None:
+                return converted(*call_args, **call_kwargs)
+            rows_stack = stack()
+            rows_stack.append(rows)
+            try:
+                return converted(*call_args, **call_kwargs)
+            finally:
+                rows_stack.pop()
+
+        with_rows._mirrorkit_rows = True
+        return original(self, with_rows, args, kwargs, options)
+
+    return run
+
+
+def _in_cond_branch(graph: Any) -> bool:
+    from tensorflow.python.framework import func_graph
+
+    while isinstance(graph, func_graph.FuncGraph):
+        if type(graph).__name__ == "CondBranchFuncGraph":
+            return True
+        graph = getattr(graph, "outer_graph", None)
+    return False
+
+
+def inside(step_graph: Any) -> bool:
+    """Is the current graph the step's, or a function or branch traced inside it?"""
+    import tensorflow as tf
+
+    if tf.executing_eagerly():
+        return step_graph is None
+    graph = tf.compat.v1.get_default_graph()
+    while graph is not None:
+        if graph is step_graph:
+            return True
+        graph = getattr(graph, "outer_graph", None)
+    return False
+
+
+def share(rows: _Rows, context: Any) -> tuple[Any, Any]:
+    """``(offset, total)``: where this replica's rows start in the global batch, and its size."""
+    import tensorflow as tf
+
+    graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+    if graph in rows.shares:
+        return rows.shares[graph]
+    replica = tf.cast(context.replica_id_in_sync_group, tf.int32)
+    if graph is not None and _in_cond_branch(graph):
+        # No collective inside a branch that replicas may not all take.
+        share = (replica * rows.count, context.num_replicas_in_sync * rows.count)
+    else:
+        counts = context.all_gather(tf.reshape(rows.count, [1]), axis=0)
+        share = (tf.reduce_sum(counts[:replica]), tf.reduce_sum(counts))
+    rows.shares[graph] = share
+    return share
+
+
+def current() -> _Rows | None:
+    """The rows of this thread's innermost replica step, or None outside ``strategy.run``."""
+    rows = stack()
+    return rows[-1] if rows else None
