@@ -27,7 +27,7 @@ BASE_INSTALL = REPO / "tests" / "fixtures" / "base_install"
 COLLECTIVE_TIMEOUT_VAR = "MIRRORKIT_COLLECTIVE_TIMEOUT"
 
 
-def clean_env(*, optional_packages: bool = False, **extra: str) -> dict[str, str]:
+def clean_env(*, optional_packages: bool = False, **extra: str | None) -> dict[str, str]:
     """The test process's environment minus anything that steers mirrorkit.
 
     The processes it starts see the packages of a base ``pip install
@@ -35,7 +35,8 @@ def clean_env(*, optional_packages: bool = False, **extra: str) -> dict[str, str
     (for the PNGs) are hidden unless ``optional_packages``. Keras imports both
     at start-up whenever they are installed, which costs every TensorFlow
     process about 0.7 CPU-s, and the suite starts several hundred. A test
-    that needs them (Ray, a PNG written by a subprocess) asks for them.
+    that needs them (Ray, a PNG written by a subprocess) asks for them. An
+    ``extra`` of None removes that variable.
     """
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("MIRRORKIT_", "SLURM_")) and k != "TF_CONFIG"}
@@ -46,6 +47,8 @@ def clean_env(*, optional_packages: bool = False, **extra: str) -> dict[str, str
     # with lost peers. Tests of peer loss set their own (shorter) timeout.
     env[COLLECTIVE_TIMEOUT_VAR] = "30"
     env.update(extra)
+    for name in [name for name, value in env.items() if value is None]:
+        del env[name]
     if not optional_packages:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BASE_INSTALL),
                                                           env.get("PYTHONPATH")]))

@@ -63,7 +63,7 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def _launch(tmp_path, *args: str, mode: str, env: dict[str, str] | None = None):
+def _launch(tmp_path, *args: str, mode: str, env: dict[str, str | None] | None = None):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     return subprocess.run(
@@ -75,8 +75,10 @@ def _launch(tmp_path, *args: str, mode: str, env: dict[str, str] | None = None):
 # --- Environment variables ----------------------------------------------------------------------
 
 def test_every_variable_the_launcher_sets_reaches_the_workers_reader(tmp_path):
+    # Without the suite's own MIRRORKIT_COLLECTIVE_TIMEOUT: only what the launcher sets.
     proc = _launch(tmp_path, "-n", "2", "--max-restarts", "1", "--min-workers", "1",
-                   "--elastic-batch", "per-replica", mode="env")
+                   "--elastic-batch", "per-replica", mode="env",
+                   env={"MIRRORKIT_COLLECTIVE_TIMEOUT": None})
     assert proc.returncode == protocol.ExitCode.OK, proc.stdout[-2000:] + proc.stderr[-2000:]
     seen = {(a, r): json.loads((tmp_path / f"{a}-{r}.json").read_text())
             for a in (0, 1) for r in (0, 1)}
@@ -310,7 +312,8 @@ def test_the_launcher_and_the_workers_wait_by_the_same_timeouts(run_python):
         from mirrorkit.distribute.failure_detection import configure_failure_detection
         print("RESULT", json.dumps(configure_failure_detection()))
     """, env={"TF_CONFIG": json.dumps({"cluster": {"worker": ["localhost:1"]},
-                                       "task": {"type": "worker", "index": 0}})})
+                                       "task": {"type": "worker", "index": 0}}),
+              "MIRRORKIT_COLLECTIVE_TIMEOUT": None})
     assert json.loads(out.stdout.split("RESULT ")[-1]) == {
         "peer_timeout": protocol.DEFAULT_PEER_TIMEOUT,
         "join_timeout": protocol.DEFAULT_JOIN_TIMEOUT}

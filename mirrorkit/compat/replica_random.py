@@ -31,7 +31,8 @@ that draws nothing pays nothing. Inside a ``tf.cond`` branch the gather
 (a collective) is not emitted: the rows are assumed evenly split, exact for
 every batch but an uneven last one.
 
-Not covered (they keep upstream's per-replica draws): ``gamma``, ``binomial``,
+Not covered (they keep upstream's per-replica draws): steps compiled by XLA
+(``jit_compile=True``: no collective is added to them), ``gamma``, ``binomial``,
 ``beta`` and ``shuffle``; a ``tf.function`` handed to ``strategy.run`` itself (wrap the
 loop in the ``tf.function`` instead, as TensorFlow's guides do); draws whose first dimension is not the batch's
 (keras.io's GAN draws its label noise for twice the batch); TensorFlow's own

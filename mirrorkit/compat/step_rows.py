@@ -6,8 +6,10 @@ replica draws its rows of one device's random numbers) and
 ``uneven-batch-losses`` (a replica's loss weighs its rows as one device
 weighs them). :func:`make_run` wraps ``StrategyBase.run`` so that each
 replica's call records the rows of the first tensor of its arguments;
-:func:`share` gives ``(offset, total)`` from one ``all_gather`` of the
-replicas' row counts, emitted once per traced step and only when asked for.
+:func:`share` gives ``(offset, total)``: on one worker from the row
+counts of every replica's batch, taken before ``run`` hands them out; across
+workers from one ``all_gather`` of the replicas' row counts, emitted once per
+traced step and only when asked for.
 
 Example:
     >>> current() is None        # outside strategy.run
@@ -34,6 +36,7 @@ class _Rows:
     count: Any                    # int32 scalar tensor: this replica's batch rows
     static: int | None            # the same when known at trace time
     graph: Any                    # the step's graph (None when the step runs eagerly)
+    counts: Any = None            # every replica's rows, when one worker holds them all
     shares: dict = dataclasses.field(default_factory=dict)   # graph -> (offset, total)
 
 
@@ -44,15 +47,43 @@ def stack() -> list[_Rows]:
     return _local.stack
 
 
-def _leading_rows(args: Any, kwargs: Any) -> _Rows | None:
-    """The rows of the first tensor of rank >= 1 among a step's arguments."""
+def _leading_rows(args: Any, kwargs: Any, counts: Any) -> _Rows | None:
+    """The rows of the first tensor of rank >= 1 among a replica's step arguments."""
     import tensorflow as tf
 
     for leaf in tf.nest.flatten((args, kwargs or {}), expand_composites=False):
         if isinstance(leaf, tf.Tensor) and leaf.shape.rank:
             count = tf.shape(leaf, out_type=tf.int32)[0]
-            return _Rows(count, leaf.shape[0], None if tf.executing_eagerly() else count.graph)
+            return _Rows(count, leaf.shape[0], None if tf.executing_eagerly() else count.graph,
+                         counts)
     return None
+
+
+def _local_counts(strategy: Any, args: Any, kwargs: Any) -> tuple[bool, Any]:
+    """``(split, counts)`` from the step's arguments, before ``run`` hands them out.
+
+    On one worker every replica's batch is here: ``counts`` are their rows,
+    so no collective is needed later. ``split`` is False when the first
+    batch-like argument is one tensor every local replica gets whole (there
+    is no global batch to take rows of). Across workers ``counts`` is None
+    (the others' rows take a collective, made only when needed).
+    """
+    import tensorflow as tf
+
+    from mirrorkit.strategy_facts import in_multi_worker_mode
+
+    for leaf in tf.nest.flatten((args, kwargs or {}), expand_composites=False):
+        if isinstance(leaf, tf.distribute.DistributedValues):
+            parts = strategy.experimental_local_results(leaf)
+            if not all(isinstance(p, tf.Tensor) and p.shape.rank for p in parts):
+                return False, None
+            if in_multi_worker_mode(strategy):
+                return True, None
+            return True, tf.stack([tf.shape(p, out_type=tf.int32)[0] for p in parts])
+        if isinstance(leaf, tf.Tensor) and leaf.shape.rank:
+            # One worker's replicas would all get this tensor whole.
+            return in_multi_worker_mode(strategy), None
+    return False, None
 
 
 def make_run(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -72,6 +103,12 @@ def make_run(original: Callable[..., Any]) -> Callable[..., Any]:
         if replicas(self) <= 1 or not isinstance(args, (list, tuple)) \
                 or isinstance(fn, tf.types.experimental.GenericFunction):
             return original(self, fn, args, kwargs, options)
+        if getattr(fn, "_mirrorkit_rows", False):
+            # Another fix's wrapper of run already records the rows.
+            return original(self, fn, args, kwargs, options)
+        split, counts = _local_counts(self, args, kwargs)
+        if not split:
+            return original(self, fn, args, kwargs, options)
         from tensorflow.python.autograph.core import ag_ctx
         from tensorflow.python.autograph.impl import api as autograph
 
@@ -79,13 +116,9 @@ def make_run(original: Callable[..., Any]) -> Callable[..., Any]:
         converted = autograph.tf_convert(fn, ag_ctx.control_status_ctx(),
                                          convert_by_default=False)
 
-        if getattr(fn, "_mirrorkit_rows", False):
-            # Another fix's wrapper of run already records the rows.
-            return original(self, fn, args, kwargs, options)
-
         @autograph.do_not_convert
         def with_rows(*call_args: Any, **call_kwargs: Any) -> Any:
-            rows = _leading_rows(call_args, call_kwargs)
+            rows = _leading_rows(call_args, call_kwargs, counts)
             if rows is None:
                 return converted(*call_args, **call_kwargs)
             rows_stack = stack()
@@ -112,12 +145,20 @@ def _in_cond_branch(graph: Any) -> bool:
 
 
 def inside(step_graph: Any) -> bool:
-    """Is the current graph the step's, or a function or branch traced inside it?"""
+    """Is the current graph the step's, or a function or branch traced inside it?
+
+    False inside an XLA-compiled function (``jit_compile=True``): the gather's
+    collective is left out of graphs XLA must compile, and the step keeps
+    upstream's behaviour.
+    """
     import tensorflow as tf
+    from tensorflow.python.ops import control_flow_util
 
     if tf.executing_eagerly():
         return step_graph is None
     graph = tf.compat.v1.get_default_graph()
+    if control_flow_util.GraphOrParentsInXlaContext(graph):
+        return False
     while graph is not None:
         if graph is step_graph:
             return True
@@ -133,7 +174,10 @@ def share(rows: _Rows, context: Any) -> tuple[Any, Any]:
     if graph in rows.shares:
         return rows.shares[graph]
     replica = tf.cast(context.replica_id_in_sync_group, tf.int32)
-    if graph is not None and _in_cond_branch(graph):
+    if rows.counts is not None:
+        # One worker: every replica's rows were counted before the step.
+        share = (tf.reduce_sum(rows.counts[:replica]), tf.reduce_sum(rows.counts))
+    elif graph is not None and _in_cond_branch(graph):
         # No collective inside a branch that replicas may not all take.
         share = (replica * rows.count, context.num_replicas_in_sync * rows.count)
     else:

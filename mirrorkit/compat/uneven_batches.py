@@ -21,9 +21,9 @@ whose size is part of the step's static shape (``drop_remainder=True``) is
 always even and skips it. Otherwise the step pays one small all-gather of
 the replicas' row counts (shared with ``replica-random``).
 
-Not covered: ``reduction="mean_with_sample_weight"`` (the exact divisor is
-the global sum of weights, not of rows), and losses a custom loop averages
-itself (``tf.nn.compute_average_loss`` with ``global_batch_size`` is exact
+Not covered: steps compiled by XLA (``jit_compile=True``),
+``reduction="mean_with_sample_weight"`` (the exact divisor is the global sum
+of weights, not of rows), and losses a custom loop averages itself (``tf.nn.compute_average_loss`` with ``global_batch_size`` is exact
 already; without it, it divides by the replica's rows times N like Keras).
 
 Example:

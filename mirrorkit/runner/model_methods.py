@@ -213,9 +213,14 @@ _EMPTY_REPLICA = (
     "with drop_remainder=True (or build it with mirrorkit.train_pipeline).")
 
 
+# How TensorFlow words the shape mismatch an empty replica batch runs into
+# (which op meets it first depends on the step's graph).
+_SHAPE_ERRORS = ("Incompatible shapes", "Unable to broadcast tensor")
+
+
 def _explain(err: BaseException, method: str, replicas: int) -> None:
     note = "mirrorkit run: " + _EMPTY_REPLICA.format(n=replicas)
-    if method == "fit" and "Incompatible shapes" in str(err) \
+    if method == "fit" and any(shape in str(err) for shape in _SHAPE_ERRORS) \
             and note not in getattr(err, "__notes__", ()):
         err.add_note(note)
 

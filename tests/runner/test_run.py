@@ -187,7 +187,7 @@ print("RESULT " + json.dumps({
 """
 
 
-def _start(args: list[str], cwd: Path, **env: str) -> subprocess.Popen:
+def _start(args: list[str], cwd: Path, **env: str | None) -> subprocess.Popen:
     return subprocess.Popen(args, cwd=str(cwd), env=clean_env(**env), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -211,8 +211,9 @@ def runs(tmp_path_factory):
         # --scale-batch via its flag; the CPU split via the environment twin.
         "scaled": _start([*mk, "--scale-batch", str(plain)], tmp, MIRRORKIT_SIMULATE_CPUS="2"),
         "boom": _start([*mk, "--strategy", "default", str(boom)], tmp),
+        # No MIRRORKIT_* variable to begin with: the library must leave none behind.
         "library": _start([sys.executable, str(tmp / "library.py"), str(plain), str(boom)], tmp,
-                          PLAIN_EXIT="4"),
+                          PLAIN_EXIT="4", MIRRORKIT_COLLECTIVE_TIMEOUT=None),
         "app": _start([*mk, "--simulate-cpus", "2", "apps/plain_keras_script.py", "--epochs", "2",
                        "--batch-size", "64"], REPO),
         "minimal": _start([*mk, "--simulate-cpus", "2", "apps/minimal_change.py"], REPO),
