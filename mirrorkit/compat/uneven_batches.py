@@ -18,8 +18,10 @@ its rows' sum over the global batch's rows: one device's mean. For a term
 every replica adds alike (a regularizer, ``add_loss``) the factors sum to
 N, so it stays exact too. The factor is exactly 1 on an even split; a batch
 whose size is part of the step's static shape (``drop_remainder=True``) is
-always even and skips it. Otherwise the step pays one small all-gather of
-the replicas' row counts (shared with ``replica-random``).
+always even and skips it. On one worker the rows are counted before the step
+(no collective); across workers the step pays one small all-gather of the
+replicas' row counts (shared with ``replica-random``; measured 0.4-2.8 ms per
+step of a small Dense model on 2 loopback workers, ~12 ms steps).
 
 Not covered: steps compiled by XLA (``jit_compile=True``),
 ``reduction="mean_with_sample_weight"`` (the exact divisor is the global sum

@@ -88,8 +88,8 @@ _FIXES = (
                                  f"{_LOSS}.unscale_loss_for_distribution",
                                  "tensorflow.python.distribute.distribute_lib.StrategyBase.run"),
          "a replica's loss share is weighed by its rows over the global batch's (the logged "
-         "value by the inverse); one all-gather of the replicas' row counts per traced step "
-         "whose batch size is not static",
+         "value by the inverse); across workers one all-gather of the replicas' row counts per "
+         "traced step whose batch size is not static",
          "keras-uneven-batch-losses: under N replicas a batch that does not split evenly "
          "weighs each replica's mean 1/N, so that step's update differs from one device's.",
          "tests/compat/test_uneven_batches.py"),
@@ -166,7 +166,8 @@ _FIXES = (
                                   "categorical")) +
          ("tensorflow.python.distribute.distribute_lib.StrategyBase.run",),
          "a batch-shaped random draw inside strategy.run is this replica's rows of the draw "
-         "for the global batch (one all-gather of the replicas' row counts per traced step)",
+         "for the global batch (across workers one all-gather of the replicas' row counts per "
+         "traced step)",
          "keras-replica-random: under N replicas every replica draws the same Dropout masks, "
          "noise and random augmentation for its slice, so training is less random than on "
          "one device and its numbers differ from plain Python's.",
