@@ -37,6 +37,13 @@ class _Rows:
     static: int | None            # the same when known at trace time
     graph: Any                    # the step's graph (None when the step runs eagerly)
     counts: Any = None            # every replica's rows, when one worker holds them all
+
+    @property
+    def even(self) -> bool:
+        """True when every replica surely holds as many rows: a batch size in a traced
+        step's static shape (TensorFlow leaves the dimension unknown when the replicas'
+        sizes differ; an eager step's shapes are concrete either way)."""
+        return self.static is not None and self.graph is not None
     shares: dict = dataclasses.field(default_factory=dict)   # graph -> (offset, total)
 
 
@@ -174,14 +181,21 @@ def share(rows: _Rows, context: Any) -> tuple[Any, Any]:
     if graph in rows.shares:
         return rows.shares[graph]
     replica = tf.cast(context.replica_id_in_sync_group, tf.int32)
+    n = context.num_replicas_in_sync
     if rows.counts is not None:
         # One worker: every replica's rows were counted before the step.
         share = (tf.reduce_sum(rows.counts[:replica]), tf.reduce_sum(rows.counts))
-    elif graph is not None and _in_cond_branch(graph):
-        # No collective inside a branch that replicas may not all take.
-        share = (replica * rows.count, context.num_replicas_in_sync * rows.count)
+    elif rows.even or graph is not None and _in_cond_branch(graph):
+        # A batch size in the step's static shape is every replica's: an even
+        # split. Inside a branch that replicas may not all take no collective
+        # is emitted, and the split is assumed even.
+        share = (replica * rows.count, n * rows.count)
     else:
-        counts = context.all_gather(tf.reshape(rows.count, [1]), axis=0)
+        # One all-reduce of every replica's count in its own slot (float32 is
+        # exact for counts below 2**24): one collective, where all_gather
+        # takes several (it first gathers the shapes).
+        mine = tf.one_hot(replica, n, dtype=tf.float32) * tf.cast(rows.count, tf.float32)
+        counts = tf.cast(context.all_reduce(tf.distribute.ReduceOp.SUM, mine), tf.int32)
         share = (tf.reduce_sum(counts[:replica]), tf.reduce_sum(counts))
     rows.shares[graph] = share
     return share

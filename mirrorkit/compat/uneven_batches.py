@@ -50,8 +50,7 @@ def _weight() -> Any | None:
     rows = step_rows.current()
     context = tf.distribute.get_replica_context()
     if rows is None or context is None or context.num_replicas_in_sync <= 1 \
-            or rows.static is not None or not step_rows.inside(rows.graph):
-        # A static batch dimension is the same on every replica: an even split.
+            or rows.even or not step_rows.inside(rows.graph):
         return None
     _offset, total = step_rows.share(rows, context)
     return rows.count * context.num_replicas_in_sync, total
