@@ -56,10 +56,8 @@ def _weight() -> Any | None:
     return rows.count * context.num_replicas_in_sync, total
 
 
-def make_scale(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """Wrap ``scale_loss_for_distribution`` (``original``): weigh a replica's share by its rows."""
-
-    def scale(value: Any) -> Any:
+def _weighed(original: Callable[[Any], Any], *, inverse: bool) -> Callable[[Any], Any]:
+    def weigh(value: Any) -> Any:
         out = original(value)
         weight = _weight() if out is not value else None
         if weight is None:
@@ -67,24 +65,19 @@ def make_scale(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
         from keras import ops
 
         rows, total = (ops.cast(w, out.dtype) for w in weight)
-        # The factor first: exactly 1.0 on an even split, so nothing changes.
-        return ops.multiply(out, ops.divide_no_nan(rows, total))
+        # The factor first: exactly 1.0 on an even split, so nothing changes. A
+        # replica with no rows logs nothing (Keras weighs its log by 0 rows).
+        factor = ops.divide_no_nan(total, rows) if inverse else ops.divide_no_nan(rows, total)
+        return ops.multiply(out, factor)
 
-    return scale
+    return weigh
+
+
+def make_scale(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Wrap ``scale_loss_for_distribution`` (``original``): weigh a replica's share by its rows."""
+    return _weighed(original, inverse=False)
 
 
 def make_unscale(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """Wrap ``unscale_loss_for_distribution`` (``original``): the inverse, for the logs."""
-
-    def unscale(value: Any) -> Any:
-        out = original(value)
-        weight = _weight() if out is not value else None
-        if weight is None:
-            return out
-        from keras import ops
-
-        rows, total = (ops.cast(w, out.dtype) for w in weight)
-        # A replica with no rows logs nothing (Keras weighs its log by 0 rows).
-        return ops.multiply(out, ops.divide_no_nan(total, rows))
-
-    return unscale
+    return _weighed(original, inverse=True)
