@@ -145,10 +145,12 @@ def _decoded(config: InputBenchConfig, data: Any, then: Callable[[Any], Any]) ->
     if decoder.train_fn is None:
         return data.train.map(lambda x, y: then(decoder.window(x)),
                               num_parallel_calls=tf.data.AUTOTUNE)
+    # Seeded as the pipeline is (one int64 per example, paired with 0).
     seeds = tf.data.Dataset.random(seed=config.seed, rerandomize_each_iteration=True)
-    ds = tf.data.Dataset.zip((data.train, seeds.batch(2)))
-    return ds.map(lambda example, seed: then(decoder.window(example[0], seed)),
-                  num_parallel_calls=tf.data.AUTOTUNE)
+    ds = tf.data.Dataset.zip((data.train, seeds))
+    return ds.map(lambda example, one: then(decoder.window(
+        example[0], tf.stack([one, tf.constant(0, tf.int64)]))),
+        num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def _decode(config: InputBenchConfig, data: Any) -> Any:
@@ -246,8 +248,10 @@ def run_input_bench(config: InputBenchConfig,
     from mirrorkit.bench.runs import machine_info
 
     say = progress or (lambda line: None)
+    # uint8 pixels, as train loads encoded images (TrainConfig.load_options).
     data = datasets.load(config.dataset, datasets.DataOptions(
-        image_size=config.image_size, augment=config.data_augment, cache=config.cache))
+        image_size=config.image_size, augment=config.data_augment, cache=config.cache,
+        uint8=True))
     builders = {"pipeline": _pipeline, "plain": _plain, "decode": _decode, "whole": _whole,
                 "tutorial": _tutorial}
     wanted = {"tutorial": config.tutorial and config.dataset.startswith("folder:"),

@@ -116,8 +116,9 @@ def build_data_options(kwargs: dict[str, Any]) -> Any:
 @click.option("--augment", type=click.Choice(AUGMENT_MODES), is_flag=False,
               flag_value="flip-shift", default="none", show_default=True,
               help="flip-shift (also --augment alone): random flip + translation layers "
-              "inside the model. crop (folder: and files: only): random-resized-crop + "
-              "flip decoded straight from each JPEG, center crop for validation. "
+              "inside the model. crop (folder: and files: only): random-resized-crop "
+              "decoded straight from each JPEG, a random flip layer in the model, center "
+              "crop for validation. "
               "Example: --augment crop")
 @click.option("--cache", is_flag=True,
               help="folder:/files: keep the encoded images in memory after the first epoch.")

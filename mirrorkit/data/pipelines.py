@@ -36,6 +36,8 @@ _MAX_SHUFFLE_BUFFER = 10_000
 # order (tf.data keeps every N-th element of a deterministic stream), so an
 # unseeded shuffle gets this shared seed there.
 _SHARED_SEED = 1234
+# The second half of each example's stateless seed (the first is drawn).
+_SEED_PAIR = 0
 
 
 def _as_dataset(tf: Any, data: Any) -> Any:
@@ -111,9 +113,11 @@ def _map(tf: Any, ds: Any, map_fn: Callable[..., Any] | None, *, training: bool 
     # The map stays deterministic (in-order): out-of-order decoding measured
     # no gain per CPU-second on JPEG folders (benchmarks/RESULTS.md section 11)
     # and would break both the repeatable seeded run and DATA sharding.
-    seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
+    # One int64 per example (not a batch of two: a stage fewer per example),
+    # paired with a constant into the [2] seed stateless ops take.
+    seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
     ds = tf.data.Dataset.zip((ds, seeds))
-    return ds.map(lambda example, pair: train_fn(*example, pair),
+    return ds.map(lambda example, one: train_fn(*example, tf.stack([one, tf.constant(_SEED_PAIR, tf.int64)])),
                   num_parallel_calls=tf.data.AUTOTUNE)
 
 

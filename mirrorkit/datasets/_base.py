@@ -82,11 +82,17 @@ class DataOptions:
         val_files: ``files:`` glob of the validation shards. Defaults to the
             ``val`` shards listed by ``mirrorkit export``'s metadata file.
         augment: ``folder:`` and ``files:``: ``"crop"`` decodes training
-            images to a random-resized-crop + flip and validation images to a
-            center crop (:mod:`mirrorkit.datasets.jpeg_crops`). Defaults to
+            images to a random-resized-crop (the flip that goes with it is
+            a model layer: ``mirrorkit train`` adds it) and validation
+            images to a center crop (:mod:`mirrorkit.datasets.jpeg_crops`). Defaults to
             ``"none"``: the whole image, resized.
         cache: ``folder:`` and ``files:``: keep the encoded images in memory
             after the first epoch. Defaults to False.
+        uint8: ``folder:`` and ``files:``: give uint8 pixels 0..255 (a
+            quarter of float32's bytes to batch and to copy to the device;
+            :attr:`ImageData.pixel_max` is then 255 and ``mirrorkit train``'s
+            model rescales them itself) instead of float32 in [0, 1].
+            Defaults to False.
 
     Example:
         >>> DataOptions(image_size="32x32").image_size
@@ -105,6 +111,7 @@ class DataOptions:
     val_files: str | None = None
     augment: str = "none"
     cache: bool = False
+    uint8: bool = False
 
     def __post_init__(self) -> None:
         from mirrorkit.datasets.jpeg_crops import check_augment
@@ -131,8 +138,9 @@ class ImageData:
     ``train`` and ``val`` are what :func:`mirrorkit.data.train_pipeline` takes:
     a tuple ``(x, y)`` of NumPy arrays, or an unbatched ``tf.data.Dataset`` of
     ``(x, label)``. ``x`` may still be encoded (bytes) or at the source's
-    size: ``map_fn`` turns one example into ``(image, label)`` with a float32
-    ``image`` of :attr:`image_shape` in [0, 1]. Pipelines apply it after
+    size: ``map_fn`` turns one example into ``(image, label)`` with an
+    ``image`` of :attr:`image_shape`: float32 in [0, 1], or uint8 0..255
+    (:attr:`pixel_max` 255, ``DataOptions(uint8=True)``). Pipelines apply it after
     shuffling, so the shuffle buffer holds small encoded examples. A
     ``map_fn`` with a ``train_fn`` attribute that is not None
     (:class:`~mirrorkit.datasets.jpeg_crops.ImageDecoder`) has a random
@@ -151,6 +159,9 @@ class ImageData:
         train_files: files ``train`` reads, when it reads files one after the
             other (enables FILE sharding: each worker reads its own files).
         description: where the data comes from, in a few words.
+        pixel_max: the value of a white pixel in the images ``map_fn``
+            gives: 1.0 (float32 in [0, 1]) or 255 (uint8). A model for them
+            divides by it first (``build_model(pixel_max=...)``).
 
     Example:
         >>> import mirrorkit.datasets as mds
@@ -170,6 +181,7 @@ class ImageData:
     class_names: tuple[str, ...] = ()
     train_files: int | None = None
     description: str = ""
+    pixel_max: float = 1.0
 
     def summary(self) -> str:
         """One line: name, sizes, shape, classes.

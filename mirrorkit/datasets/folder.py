@@ -176,7 +176,8 @@ def load_folder(path: str, options: DataOptions | None = None) -> ImageData:
         return ds.map(lambda f, y: (tf.io.read_file(f), y),
                       num_parallel_calls=tf.data.AUTOTUNE).cache()
 
-    decoder = ImageDecoder(size, channels, augment=options.augment, from_path=not cache)
+    decoder = ImageDecoder(size, channels, augment=options.augment, from_path=not cache,
+                           uint8=options.uint8)
     notes = [split_note, decoder.describe()]
     if cache:
         megabytes = sum(Path(f).stat().st_size for f in train_files + val_files) / 1e6
@@ -192,4 +193,5 @@ def load_folder(path: str, options: DataOptions | None = None) -> ImageData:
         map_fn=decoder,
         class_names=tuple(names),
         description="image files, " + "; ".join(notes),
+        pixel_max=decoder.pixel_max,
     )

@@ -7,8 +7,13 @@ tensorflow/models' ResNet preprocessing and torchvision's
 * training: a random window covering 8% to 100% of the image with an aspect
   ratio between 3/4 and 4/3 (``sample_distorted_bounding_box`` on the JPEG's
   shape, read from its header by ``extract_jpeg_shape``), decoded alone by
-  ``decode_and_crop_jpeg``, resized to the image size, flipped left-right
-  half of the time;
+  ``decode_and_crop_jpeg``, resized to the image size; the recipe's random
+  left-right flip is the model's first layer (``mirrorkit train`` adds a
+  ``RandomFlip``), not the pipeline's: flipping copies every pixel, which
+  costs the host's cores about 8% of a decode (``tf.reverse`` in a
+  ``tf.cond``; measured, benchmarks/RESULTS.md section 11) and the
+  accelerator next to nothing, and the host's cores are what a JPEG
+  pipeline runs short of;
 * validation: the central 87.5% (224 of 256) of the image at the target's
   aspect ratio, also decoded alone, resized.
 
@@ -19,7 +24,7 @@ and cut with the same window math.
 
 :class:`ImageDecoder` is the ``map_fn`` an :class:`~mirrorkit.datasets.ImageData`
 carries: calling it gives the validation image; its :attr:`~ImageDecoder.train_fn`
-(None without augmentation) gives the training one from a per-example seed,
+(None without augmentation) gives the training crop from a per-example seed,
 so a seeded run repeats however many threads decode.
 
 Example:
@@ -157,8 +162,9 @@ class ImageDecoder:
 
     Calling it gives the validation image: the whole image resized
     (``augment="none"``) or the center crop resized (``"crop"``), float32 in
-    [0, 1]. :attr:`train_fn` ``(x, label, seed)`` gives the training image
-    (random-resized-crop + flip); :func:`mirrorkit.data.train_pipeline` uses it
+    [0, 1] (uint8 0..255 with ``uint8``). :attr:`train_fn` ``(x, label, seed)`` gives the training image
+    (random-resized-crop; its flip is a model layer, see the module
+    docstring); :func:`mirrorkit.data.train_pipeline` uses it
     when it is not None, with a per-example seed. Reading the file in the same
     function keeps the shuffle buffer to file names and reads in parallel with
     decoding.
@@ -168,6 +174,9 @@ class ImageDecoder:
         channels: 1 or 3.
         augment: ``"none"`` or ``"crop"``. Defaults to ``"none"``.
         from_path: the examples are file paths (else encoded bytes).
+        uint8: give uint8 pixels 0..255 (rounded) instead of float32 in
+            [0, 1]: batching and copying a quarter of the bytes makes the
+            pipeline ~5% cheaper per image (benchmarks/RESULTS.md section 11).
 
     Example:
         >>> decoder = ImageDecoder((32, 32), 3, from_path=True)
@@ -177,11 +186,12 @@ class ImageDecoder:
     """
 
     def __init__(self, size: tuple[int, int], channels: int, *, augment: str = "none",
-                 from_path: bool = False) -> None:
+                 from_path: bool = False, uint8: bool = False) -> None:
         self.size = (int(size[0]), int(size[1]))
         self.channels = int(channels)
         self.augment = check_augment(augment)
         self.from_path = bool(from_path)
+        self.uint8 = bool(uint8)
         self.train_fn = self._train if self.augment == "crop" else None
 
     def describe(self) -> str:
@@ -189,11 +199,13 @@ class ImageDecoder:
 
         Example:
             >>> ImageDecoder((224, 224), 3, augment="crop").describe()
-            'train: random-resized-crop + flip, val: center crop 0.875'
+            'train: random-resized-crop (flip in the model), val: center crop 0.875'
         """
+        pixels = ", uint8 pixels" if self.uint8 else ""
         if self.augment == "none":
-            return "whole image resized"
-        return f"train: random-resized-crop + flip, val: center crop {CENTER_FRACTION:g}"
+            return f"whole image resized{pixels}"
+        return (f"train: random-resized-crop (flip in the model), val: center crop "
+                f"{CENTER_FRACTION:g}{pixels}")
 
     def encoded(self, x: Any) -> Any:
         """The encoded bytes of an example (reads the file when given a path)."""
@@ -228,11 +240,18 @@ class ImageDecoder:
                 return random_window(h, w, seed)
         return decode_window(self.encoded(x), self.channels, chooser)
 
+    @property
+    def pixel_max(self) -> float:
+        """A white pixel's value in the images this gives: 255 (uint8) or 1.0."""
+        return 255.0 if self.uint8 else 1.0
+
     def resize(self, pixels: Any) -> Any:
-        """Bilinear resize of decoded uint8 pixels to :attr:`size`, float32 in [0, 1]."""
+        """Bilinear resize of decoded uint8 pixels to :attr:`size`: float32 in [0, 1] or uint8."""
         import tensorflow as tf
 
-        image = tf.image.resize(pixels, self.size) * (1.0 / 255.0)
+        image = tf.image.resize(pixels, self.size)
+        # A bilinear mix of 0..255 stays in 0..255: + 0.5 then truncation rounds.
+        image = tf.cast(image + 0.5, tf.uint8) if self.uint8 else image * (1.0 / 255.0)
         image.set_shape([self.size[0], self.size[1], self.channels])
         return image
 
@@ -240,10 +259,4 @@ class ImageDecoder:
         return self.resize(self.window(x)), label
 
     def _train(self, x: Any, label: Any, seed: Any) -> tuple[Any, Any]:
-        import tensorflow as tf
-
-        crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-        # Flipped before the resize (which commutes with it): the uint8 crop
-        # is a quarter of the bytes of the float32 image.
-        pixels = tf.image.stateless_random_flip_left_right(self.window(x, crop_seed), flip_seed)
-        return self.resize(pixels), label
+        return self.resize(self.window(x, seed)), label

@@ -197,7 +197,7 @@ def load_files(pattern: str, options: DataOptions | None = None) -> ImageData:
         ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
         return ds.cache() if options.cache else ds
 
-    decoder = ImageDecoder(size, channels, augment=options.augment)
+    decoder = ImageDecoder(size, channels, augment=options.augment, uint8=options.uint8)
     notes = [f"{len(train)} train / {len(val)} val files", decoder.describe()]
     if options.cache:
         megabytes = sum(Path(f).stat().st_size for f in train + val) / 1e6
@@ -215,6 +215,7 @@ def load_files(pattern: str, options: DataOptions | None = None) -> ImageData:
         class_names=names,
         train_files=len(train),
         description="TFRecord shards, " + "; ".join(notes),
+        pixel_max=decoder.pixel_max,
     )
 
 
@@ -269,6 +270,8 @@ def export_tfrecords(data: ImageData, output_dir: str | Path, *, shards: int = 4
     }
 
     def encode(image: Any, label: Any) -> tuple[Any, Any]:
+        if image.dtype == tf.uint8:   # DataOptions(uint8=True): the pixels already
+            return tf.io.encode_png(image), label
         # Round to the nearest 8-bit value (convert_image_dtype truncates).
         pixels = tf.cast(tf.round(tf.clip_by_value(image, 0.0, 1.0) * 255.0), tf.uint8)
         return tf.io.encode_png(pixels), label

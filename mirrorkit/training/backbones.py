@@ -198,7 +198,8 @@ def build_classifier(app: Application, *, input_shape: tuple[int, int, int], num
         app: the application.
         input_shape: ``(height, width, channels)`` of the images (1 or 3 channels).
         num_classes: outputs of the new head.
-        augmentation: a layer to put first (training only), or None.
+        augmentation: layers to put first (a callable on the input tensor:
+            augmentation, which acts in training only, and rescaling), or None.
         name: the model's name. Defaults to ``app.name``.
 
     Returns:

@@ -228,6 +228,40 @@ class TrainConfig:
                              "(output=...) too. Received: output=None")
 
     @property
+    def load_options(self) -> DataOptions:
+        """:attr:`data` as the job loads it: encoded images (``folder:``, ``files:``) as uint8.
+
+        uint8 batches are a quarter of float32's bytes to batch and to copy
+        to the device (~4.5% less CPU per image on a JPEG folder;
+        benchmarks/RESULTS.md section 11); the model starts by rescaling
+        them (``build_model(pixel_max=255)``), on the device.
+
+        Example:
+            >>> TrainConfig(dataset="folder:photos").load_options.uint8
+            True
+        """
+        if parse_spec(self.dataset)[0] in ("folder", "files"):
+            return dataclasses.replace(self.data, uint8=True)
+        return self.data
+
+    @property
+    def model_augment(self) -> str:
+        """The augmentation layers the model starts with (``build_model(augment=...)``).
+
+        ``--augment crop`` crops in the input pipeline and flips in the model:
+        a horizontal flip copies every pixel, which costs the host's cores
+        about 8% of a JPEG decode and the accelerator next to nothing
+        (benchmarks/RESULTS.md, section 11).
+
+        Example:
+            >>> TrainConfig(augment=True).model_augment
+            'flip-shift'
+        """
+        if self.augment:
+            return "flip-shift"
+        return "flip" if self.data.augment == "crop" else "none"
+
+    @property
     def base_lr(self) -> float:
         """``lr``, or the optimizer's default, before scaling.
 

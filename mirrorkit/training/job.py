@@ -172,7 +172,7 @@ def _load_data(run: _Run) -> Any:
     from mirrorkit import datasets
     from mirrorkit.training.models import check_input
 
-    data = datasets.load(run.config.dataset, run.config.data)
+    data = datasets.load(run.config.dataset, run.config.load_options)
     check_input(run.config.model, data.image_shape)
     return data
 
@@ -188,8 +188,9 @@ def _build_model(run: _Run, data: Any, plan: TrainPlan) -> Any:
     pretrained = load_pretrained(config, data.image_shape)
     with run.strategy.scope(), _dtype_policy(config.precision):
         model = build_model(config.model, input_shape=data.image_shape,
-                            num_classes=data.num_classes, augment=config.augment,
-                            seed=config.seed, pretrained=pretrained)
+                            num_classes=data.num_classes, augment=config.model_augment,
+                            seed=config.seed, pretrained=pretrained,
+                            pixel_max=data.pixel_max)
         # jit_compile=False: XLA fails on logical (simulated) CPU devices, and
         # "auto" must not pick it silently.
         model.compile(optimizer=_optimizer(config.optimizer, plan.schedule(config),
@@ -221,6 +222,11 @@ def _pipelines(run: _Run, data: Any, plan: TrainPlan) -> tuple[Any, Any]:
     return train_ds, val_ds
 
 
+def _augment_text(config: TrainConfig) -> str:
+    layers = config.model_augment
+    return "" if layers == "none" else f", {layers} augmentation layers"
+
+
 def _summary(run: _Run, data: Any, plan: TrainPlan, model: Any) -> list[str]:
     config, runtime = run.config, run.runtime
     reason = f" ({runtime.reason})" if runtime.reason else ""
@@ -228,7 +234,7 @@ def _summary(run: _Run, data: Any, plan: TrainPlan, model: Any) -> list[str]:
     return [
         f"dataset   {data.summary()}",
         f"model     {config.model}: {model.count_params():,} parameters"
-        f"{', augmentation' if config.augment else ''}, {config.precision}, seed {config.seed}"
+        f"{_augment_text(config)}, {config.precision}, seed {config.seed}"
         f"{f', weights {config.weights}' if config.weights else ''}",
         f"strategy  {runtime.strategy}, {runtime.replicas} replica"
         f"{'s' if runtime.replicas != 1 else ''}{workers}{reason}",

@@ -71,6 +71,8 @@ MODELS: dict[str, ModelSpec] = {
     )
 }
 
+#: ``build_model(augment=...)``: off, on (flip + shift), or by name.
+MODEL_AUGMENTS = (False, True, "none", "flip", "flip-shift")
 # CIFAR ResNet depth 6n+2 -> n blocks per stage.
 _RESNET_BLOCKS = {"resnet20": 3, "resnet56": 9}
 # He et al. use weight decay 1e-4 on the gradient; Keras's L2 adds
@@ -116,14 +118,16 @@ def check_input(name: str, input_shape: tuple[int, ...]) -> None:
             f"(image_size={spec.min_size}). Received: input_shape={tuple(input_shape)!r}")
 
 
-def augmentation(seed: int | None = None) -> Any:
-    """The ``augment=True`` layers: random horizontal flip and translation.
+def augmentation(seed: int | None = None, *, shift: bool = True) -> Any:
+    """The in-model augmentation layers: random horizontal flip and translation.
 
     Keras preprocessing layers, so they run on the device inside the model and
     only while training (identity at inference). Translation by up to 12.5%
     is CIFAR's "pad 4 pixels, random 32x32 crop" for any image size; Keras's
     ``RandomCrop`` is not used because at inference it resizes the padded
-    image instead of returning the original.
+    image instead of returning the original. ``shift=False`` keeps the flip
+    alone: the flip of ``--augment crop``, whose crop the input pipeline
+    decodes straight from each JPEG.
 
     Example:
         >>> aug = augmentation(seed=0)                 # doctest: +SKIP
@@ -133,10 +137,10 @@ def augmentation(seed: int | None = None) -> Any:
     import keras
     from keras import layers
 
-    return keras.Sequential([
-        layers.RandomFlip("horizontal", seed=seed),
-        layers.RandomTranslation(0.125, 0.125, fill_mode="constant", seed=seed),
-    ], name="augmentation")
+    steps = [layers.RandomFlip("horizontal", seed=seed)]
+    if shift:
+        steps.append(layers.RandomTranslation(0.125, 0.125, fill_mode="constant", seed=seed))
+    return keras.Sequential(steps, name="augmentation")
 
 
 def _cnn(x: Any) -> Any:
@@ -207,10 +211,11 @@ def build_model(
     *,
     input_shape: tuple[int, int, int],
     num_classes: int,
-    augment: bool = False,
+    augment: bool | str = False,
     shortcut: str = "A",
     seed: int | None = None,
     pretrained: list[Any] | None = None,
+    pixel_max: float = 1.0,
 ) -> Any:
     """Build (uncompiled) model ``name`` for images of ``input_shape``.
 
@@ -218,7 +223,10 @@ def build_model(
         name: one of :data:`MODELS`. Defaults to ``"cnn"``.
         input_shape: ``(height, width, channels)`` of the images.
         num_classes: outputs of the softmax head.
-        augment: put :func:`augmentation` layers first (training only).
+        augment: put :func:`augmentation` layers first (training only):
+            True or ``"flip-shift"`` both, ``"flip"`` the flip alone (what
+            ``--augment crop`` adds to its pipeline's crops); False or
+            ``"none"`` none.
         shortcut: CIFAR ResNets only: ``"A"`` (zero-padded identity, the
             paper's CIFAR setting; default) or ``"B"`` (1x1 conv projection
             when the shape changes).
@@ -226,6 +234,11 @@ def build_model(
         pretrained: ``keras.applications`` models only: the backbone's
             weights (:func:`mirrorkit.training.finetune.load_pretrained`).
             Defaults to None (random).
+        pixel_max: a white pixel's value in the images the model gets
+            (:attr:`mirrorkit.datasets.ImageData.pixel_max`): other than 1, a
+            ``Rescaling(1 / pixel_max)`` layer named ``rescale`` comes first,
+            so uint8 batches cross to the device as uint8 and become [0, 1]
+            there. Defaults to 1.0.
 
     Returns:
         A functional ``keras.Model`` named ``name``.
@@ -245,13 +258,23 @@ def build_model(
             f"`num_classes` must be an integer >= 2. Received: num_classes={num_classes!r}")
     if shortcut not in ("A", "B"):
         raise ValueError(f"`shortcut` must be 'A' or 'B'. Received: shortcut={shortcut!r}")
+    if augment not in MODEL_AUGMENTS:
+        raise ValueError("`augment` must be one of "
+                         f"{', '.join(map(repr, MODEL_AUGMENTS))}. Received: augment={augment!r}")
     import keras
     from keras import layers
 
+    def first(inputs: Any) -> Any:
+        x = inputs
+        if pixel_max != 1:
+            x = layers.Rescaling(1.0 / pixel_max, name="rescale")(x)
+        if augment not in (False, "none"):
+            x = augmentation(seed, shift=augment != "flip")(x)
+        return x
+
     if name in APPLICATIONS:
         model = build_classifier(APPLICATIONS[name], input_shape=input_shape,
-                                 num_classes=num_classes,
-                                 augmentation=augmentation(seed) if augment else None)
+                                 num_classes=num_classes, augmentation=first)
         if pretrained is not None:
             model.get_layer("backbone").set_weights(pretrained)
         return model
@@ -259,7 +282,7 @@ def build_model(
         raise ValueError(f"Pretrained weights need a keras.applications model; {name!r} has "
                          f"no backbone. Received: model={name!r}")
     inputs = keras.Input(shape=tuple(int(d) for d in input_shape), name="image")
-    x = augmentation(seed)(inputs) if augment else inputs
+    x = first(inputs)
     if name == "cnn":
         x = _cnn(x)
     else:

@@ -73,6 +73,7 @@ def export_saved_model(model: Any, path: str | os.PathLike, *, replace: bool = F
         raise FileExistsError(f"The export folder already exists; nothing was overwritten. "
                               f"Received: {path}")
     height, width, channels = model.input_shape[1:]
+    rescales = any(layer.name == "rescale" for layer in model.layers)
     # A copy made outside the strategy's scope holds plain variables.
     copy = keras.models.clone_model(model)
     copy.set_weights(model.get_weights())
@@ -80,7 +81,8 @@ def export_saved_model(model: Any, path: str | os.PathLike, *, replace: bool = F
     @tf.function(input_signature=[
         tf.TensorSpec([None, None, None, channels], tf.uint8, name="images")])
     def serve(images: Any) -> dict[str, Any]:
-        x = tf.cast(images, tf.float32) / 255.0
+        # A model of uint8 data rescales them itself (its first layer).
+        x = tf.cast(images, tf.float32) * (1.0 if rescales else 1.0 / 255.0)
         size = tf.shape(x)[1:3]
         x = tf.cond(tf.reduce_all(size == [height, width]), lambda: x,
                     lambda: tf.image.resize(x, (height, width)))

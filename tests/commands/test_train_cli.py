@@ -280,6 +280,8 @@ def sources(tmp_path_factory):
     ("synthetic",
      ["--image-size", "8", "--channels", "1", "--classes", "4", "--examples", "96"], 96),
     ("folder:{root}/folder", [], 96),
+    # The crop recipe: crops decoded in the pipeline, the flip a model layer.
+    ("folder:{root}/folder", ["--augment", "crop", "--image-size", "8"], 96),
     ("tfds:cli_digits", ["--data-dir", "{root}/tfds"], 160),
     ("files:{root}/shards", [], 96),
 ])
@@ -294,6 +296,14 @@ def test_each_source_trains_end_to_end(sources, tmp_path, source, args, train_ex
     assert metrics["train_examples"] == train_examples
     assert 0.0 <= metrics["val_accuracy"] <= 1.0 and metrics["epochs_run"] == 1
     assert (tmp_path / "run" / "model.keras").exists()
+    if "crop" in args:
+        import keras
+
+        assert "random-resized-crop (flip in the model)" in result.output
+        assert "cnn: " in result.output and ", flip augmentation layers," in result.output
+        model = keras.models.load_model(tmp_path / "run" / "model.keras")
+        assert [type(layer).__name__ for layer in model.get_layer("augmentation").layers] == [
+            "RandomFlip"]
 
 
 @pytest.mark.fast

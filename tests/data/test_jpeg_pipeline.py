@@ -8,6 +8,7 @@ a full decode.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import io
 
@@ -162,7 +163,7 @@ def _batches(data, seed=0, batch=8, take=2):
 def test_folder_crop_pipeline_shapes_randomness_and_repeatability(photos):
     data = mds.load(f"folder:{photos}", DataOptions(image_size=SIZE, augment="crop"))
     assert data.image_shape == (32, 32, 3) and data.train_examples == 16
-    assert "random-resized-crop + flip" in data.summary()
+    assert "random-resized-crop (flip in the model)" in data.summary()
     first = _batches(data)
     assert first[0].shape == (8, 32, 32, 3) and first[0].dtype == np.float32
     assert 0.0 <= min(b.min() for b in first) and max(b.max() for b in first) <= 1.0
@@ -193,6 +194,20 @@ def test_folder_crop_pipeline_shapes_randomness_and_repeatability(photos):
     val = [x for x, _ in data.examples("val").batch(4).as_numpy_iterator()]
     again = [x for x, _ in data.examples("val").batch(4).as_numpy_iterator()]
     np.testing.assert_array_equal(np.concatenate(val), np.concatenate(again))
+
+
+def test_uint8_pixels_are_the_float_images_rounded(photos):
+    """DataOptions(uint8=True): the same crops as 0..255 integers (train's choice)."""
+    options = DataOptions(image_size=SIZE, augment="crop")
+    unit = mds.load(f"folder:{photos}", options)
+    pixels = mds.load(f"folder:{photos}", dataclasses.replace(options, uint8=True))
+    assert (unit.pixel_max, pixels.pixel_max) == (1.0, 255.0)
+    assert "uint8 pixels" in pixels.summary() and "uint8" not in unit.summary()
+    got, want = np.concatenate(_batches(pixels)), np.concatenate(_batches(unit))
+    assert got.dtype == np.uint8 and got.max() > 200
+    assert np.abs(got.astype("float32") - want * 255.0).max() <= 0.5 + 1e-3
+    val = next(pixels.examples("val").batch(4).as_numpy_iterator())[0]
+    assert val.dtype == np.uint8
 
 
 def test_cached_folder_gives_the_same_images(photos):

@@ -108,6 +108,54 @@ def test_augmentation_is_random_in_training_and_identity_at_inference():
     assert not np.allclose(keras.ops.convert_to_numpy(aug(x, training=True)), x)
     model = build_model("cnn", input_shape=(16, 16, 3), num_classes=4, augment=True)
     assert model.layers[1].name == "augmentation"
+    assert [type(layer).__name__ for layer in model.layers[1].layers] == [
+        "RandomFlip", "RandomTranslation"]
+
+
+def test_the_flip_of_crop_augmentation_is_a_model_layer_alone():
+    from mirrorkit.datasets import DataOptions
+    from mirrorkit.training import TrainConfig
+
+    # --augment crop: the pipeline crops, the model flips (and does not shift).
+    config = TrainConfig(dataset="folder:photos", data=DataOptions(augment="crop"))
+    assert config.model_augment == "flip"
+    assert TrainConfig().model_augment == "none"
+    assert TrainConfig(augment=True).model_augment == "flip-shift"
+    model = build_model("cnn", input_shape=(16, 16, 3), num_classes=4, augment="flip")
+    assert [type(layer).__name__ for layer in model.layers[1].layers] == ["RandomFlip"]
+    flip = model.layers[1].layers[0]
+    assert flip.mode == "horizontal"
+    assert not any(layer.name == "augmentation"
+                   for layer in build_model("cnn", input_shape=(16, 16, 3), num_classes=4,
+                                            augment="none").layers)
+    with pytest.raises(ValueError, match="`augment` must be one of False, True, 'none', "
+                                         "'flip', 'flip-shift'. Received: augment='zoom'"):
+        build_model("cnn", input_shape=(16, 16, 3), num_classes=4, augment="zoom")
+
+
+def test_uint8_pixels_are_rescaled_by_the_model_and_served_as_they_come(tmp_path):
+    """pixel_max=255: a ``rescale`` layer first, so uint8 batches give a [0, 1] model's outputs."""
+    import keras
+    import tensorflow as tf
+
+    from mirrorkit.training.serving import export_saved_model
+
+    unit = build_model("cnn", input_shape=(8, 8, 3), num_classes=3, seed=0)
+    pixels = build_model("cnn", input_shape=(8, 8, 3), num_classes=3, seed=0, pixel_max=255,
+                         augment="flip")
+    assert [layer.name for layer in pixels.layers[:3]] == ["image", "rescale", "augmentation"]
+    assert "rescale" not in [layer.name for layer in unit.layers]
+    pixels.set_weights(unit.get_weights())   # the rescale layer has none
+    x = np.random.default_rng(0).integers(0, 256, size=(4, 8, 8, 3), dtype=np.uint8)
+    want = keras.ops.convert_to_numpy(unit(x.astype("float32") / 255.0, training=False))
+    got = keras.ops.convert_to_numpy(pixels(x, training=False))
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    # The serving signature takes uint8 images for both kinds of model alike.
+    for model in (unit, pixels):
+        path = export_saved_model(model, tmp_path / model.layers[1].name)
+        serve = tf.saved_model.load(str(path)).signatures["serving_default"]
+        np.testing.assert_allclose(serve(images=tf.constant(x))["probabilities"].numpy(),
+                                   want, atol=1e-6)
 
 
 def test_mixed_precision_keeps_a_float32_softmax_and_the_model_reloads(tmp_path):
