@@ -242,7 +242,12 @@ class ImageDecoder:
 
     @property
     def pixel_max(self) -> float:
-        """A white pixel's value in the images this gives: 255 (uint8) or 1.0."""
+        """A white pixel's value in the images this gives: 255 (uint8) or 1.0.
+
+        Example:
+            >>> ImageDecoder((32, 32), 3, uint8=True).pixel_max
+            255.0
+        """
         return 255.0 if self.uint8 else 1.0
 
     def resize(self, pixels: Any) -> Any:
