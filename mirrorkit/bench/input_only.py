@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 #: Data augmentations ``--augment`` names (``flip-shift`` runs inside the
-#: model, so its input pipeline is the ``none`` one).
+#: model, so its input pipeline is the ``none`` one; so does ``crop``'s flip).
 AUGMENTS = ("none", "flip-shift", "crop")
 ARMS = ("pipeline", "plain", "decode", "whole", "tutorial")
 #: The arms every other is divided by, strictest first.

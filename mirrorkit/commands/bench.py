@@ -45,7 +45,7 @@ _TRAINING_ONLY = ("model", "replicas", "workers", "per_replica_batch", "timeout"
               help="--input-only: images per batch (train's global batch).")
 @click.option("--augment", type=click.Choice(AUGMENTS), default="none", show_default=True,
               help="--input-only: as train --augment (flip-shift runs in the model, so its "
-              "input pipeline is none's).")
+              "input pipeline is none's; crop's flip too, so the pipeline crops only).")
 @click.option("--cache", is_flag=True, help="--input-only: as train --cache.")
 @click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
               help="--input-only: alternated rounds over the arms; the median is reported.")
