@@ -207,6 +207,16 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         TESTED_KERAS,
     ),
     KnownIssue(
+        "keras-overridden-loss-call", "keras", "3.0", None,
+        "under N replicas a keras.losses.Loss subclass that overrides __call__ and returns "
+        "one value for the batch (keras.io's supervised contrastive learning) is never "
+        "divided by N: the logged loss is N times the replicas' mean and every step moves "
+        "the weights N times as far.",
+        "compat fix 'overridden-loss-call' scales such a value like a per-example loss's "
+        "mean; a batch-wide loss still sees only its replica's rows.",
+        TESTED_KERAS,
+    ),
+    KnownIssue(
         "keras-symbolic-build-names", "keras", "3.0", None,
         "under any tf.distribute strategy the symbolic build before the first fit creates "
         "throwaway symbolic tensors that advance Keras's keras_tensor_N name counter: later "

@@ -126,6 +126,14 @@ _FIXES = (
          "keras-scalar-loss-scaling: a loss function or Loss.call returning a scalar is not "
          "divided by N under N replicas, so evaluate reports N times the loss and every step "
          "moves the weights N times as far.", "tests/compat/test_scalar_losses.py"),
+    _fix("overridden-loss-call", ("keras.src.trainers.compile_utils.CompileLoss.build",
+                                  f"{_LOSS}.scale_loss_for_distribution"),
+         "a compiled Loss whose class overrides __call__ has its scalar divided by the "
+         "replicas, unless Keras's own scaling ran during the call",
+         "keras-overridden-loss-call: a keras.losses.Loss subclass overriding __call__ (keras.io's "
+         "supervised contrastive loss) skips Keras's scaling for the replicas: under N "
+         "replicas it logs N times the loss and every step moves the weights N times as far.",
+         "tests/compat/test_scalar_losses.py"),
     _fix("symbolic-build-names", ("keras.src.trainers.trainer.Trainer._symbolic_build",
                                   "keras.src.backend.compute_output_spec (during the build)"),
          "the throwaway symbolic tensors of the build before the first step leave Keras's "

@@ -19,15 +19,19 @@ from conftest import REPO, clean_env, result_line
 
 SCRIPT = REPO / "tests" / "fixtures" / "scalar_loss_replicas.py"
 
-SCALAR = ("mean_fn", "sum_fn", "subclass")
+SCALAR = ("mean_fn", "sum_fn", "subclass", "overridden")
 KEYS = ("evaluate", "fit_loss", "test_on_batch", "train_on_batch")
 
 
-def _runs(tmp_path, n: int, **env: str) -> tuple[str, dict]:
+def _result(tmp_path, n: int, **env: str) -> dict:
     proc = subprocess.run([sys.executable, str(SCRIPT), str(n)], cwd=str(tmp_path),
                           env=clean_env(**env), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    result = result_line(proc.stdout)
+    return result_line(proc.stdout)
+
+
+def _runs(tmp_path, n: int, **env: str) -> tuple[str, dict]:
+    result = _result(tmp_path, n, **env)
     return result["applied"], result["runs"]
 
 
@@ -61,6 +65,19 @@ def test_without_the_fix_upstream_reports_and_trains_at_n_times(tmp_path):
     assert two["evaluate"] == pytest.approx(2 * one["evaluate"], rel=1e-5)
     # One SGD step from the same start moves the kernel twice as far: the
     # weights after fit differ from one device's, where mse's do not.
+    assert not _close(two, one, 1e-3)
+
+
+@pytest.mark.slow
+def test_without_overridden_loss_call_a_loss_overriding_call_trains_at_n_times(tmp_path):
+    # keras.io's supervised contrastive loss overrides Loss.__call__: the scaling
+    # scalar-losses adds inside Loss.__call__ never runs for it.
+    result = _result(tmp_path, 2, MIRRORKIT_COMPAT_DISABLE="overridden-loss-call")
+    assert (result["applied"], result["overridden_applied"]) == ("applied", "disabled")
+    runs = result["runs"]
+    one, two = runs["overridden-1"], runs["overridden-2"]
+    assert _close(runs["subclass-2"], runs["subclass-1"], 1e-5)   # call() is still exact
+    assert two["fit_loss"] == pytest.approx(2 * one["fit_loss"], rel=1e-4)
     assert not _close(two, one, 1e-3)
 
 
