@@ -189,6 +189,17 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         TESTED_TENSORFLOW,
     ),
     KnownIssue(
+        "tf-mwms-dynamic-batch", "tensorflow", "2.0", None,
+        "under MultiWorkerMirroredStrategy experimental_distribute_dataset turns on "
+        "partial-batch handling for every finite dataset, so every batch dimension is None "
+        "even where each worker gets the same full batches: ops.squeeze of a (None,) batch "
+        "has unknown rank, and keras.io's supervised contrastive loss fails on every worker "
+        "('Cannot take the length of shape with unknown rank').",
+        "compat fix 'static-batch-shapes' turns the handling off where every worker gets "
+        "the same full batches (sharded by data, static batches that divide by the replicas).",
+        TESTED_TENSORFLOW,
+    ),
+    KnownIssue(
         "keras-layer-loss-scaling", "keras", "3.0", None,
         "under N replicas a keras.losses.Loss called inside a layer and passed to add_loss "
         "(keras.io's LogisticEndpoint) is divided by N twice: it trains at 1/N strength.",
@@ -212,8 +223,9 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "one value for the batch (keras.io's supervised contrastive learning) is never "
         "divided by N: the logged loss is N times the replicas' mean and every step moves "
         "the weights N times as far.",
-        "compat fix 'overridden-loss-call' scales such a value like a per-example loss's "
-        "mean; a batch-wide loss still sees only its replica's rows.",
+        "compat fix 'overridden-loss-call' runs such a loss on the gathered global batch "
+        "(a batch-wide loss then scores plain Python's pairs) and scales its value like a "
+        "per-example loss's mean.",
         TESTED_KERAS,
     ),
     KnownIssue(

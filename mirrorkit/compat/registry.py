@@ -20,7 +20,8 @@ module each: :mod:`~mirrorkit.compat.symbolic_build`,
 :mod:`~mirrorkit.compat.symbolic_names`, :mod:`~mirrorkit.compat.no_gradient_losses`,
 :mod:`~mirrorkit.compat.logged_losses`, :mod:`~mirrorkit.compat.symbolic_order`, :mod:`~mirrorkit.compat.step_metrics`,
 :mod:`~mirrorkit.compat.replica_random`,
-:mod:`~mirrorkit.compat.uneven_batches`. One more is a process setting, not a Keras
+:mod:`~mirrorkit.compat.uneven_batches`, :mod:`~mirrorkit.compat.static_batches`. One
+more is a process setting, not a Keras
 patch (:mod:`~mirrorkit.compat.allocator`, ``malloc-thresholds``): :func:`apply`
 runs it and it is turned off by name like the others, but it is not in
 :data:`FIXES` and not in :func:`apply`'s result.
@@ -54,6 +55,7 @@ from mirrorkit.compat import (
     replica_random,
     scalar_losses,
     scalar_logs,
+    static_batches,
     step_metrics,
     step_variables,
     symbolic_build,
@@ -172,6 +174,9 @@ FIXES: dict[str, Fix] = {fix.name: fix for fix in (
                replica_random.make_categorical),
               ("tensorflow.python.distribute.distribute_lib", "run", "StrategyBase",
                replica_random.make_run))),
+    Fix("static-batch-shapes", "Cannot take the length of shape with unknown rank",
+        ("tensorflow.python.distribute.input_lib", "build", "DistributedDataset"),
+        static_batches.make_build),
 )}
 
 # Per process: each fix's decision (probes run once) and the fixes whose

@@ -128,8 +128,9 @@ _FIXES = (
          "moves the weights N times as far.", "tests/compat/test_scalar_losses.py"),
     _fix("overridden-loss-call", ("keras.src.trainers.compile_utils.CompileLoss.build",
                                   f"{_LOSS}.scale_loss_for_distribution"),
-         "a compiled Loss whose class overrides __call__ has its scalar divided by the "
-         "replicas, unless Keras's own scaling ran during the call",
+         "a compiled Loss whose class overrides __call__ runs on the global batch (every "
+         "replica's rows gathered) and its scalar is divided by the replicas, unless Keras's "
+         "own scaling ran during the call",
          "keras-overridden-loss-call: a keras.losses.Loss subclass overriding __call__ (keras.io's "
          "supervised contrastive loss) skips Keras's scaling for the replicas: under N "
          "replicas it logs N times the loss and every step moves the weights N times as far.",
@@ -180,6 +181,14 @@ _FIXES = (
          "noise and random augmentation for its slice, so training is less random than on "
          "one device and its numbers differ from plain Python's.",
          "tests/compat/test_replica_random.py"),
+    _fix("static-batch-shapes",
+         ("tensorflow.python.distribute.input_lib.DistributedDataset.build",),
+         "across workers, a dataset sharded by data whose batches are all full and divide by "
+         "the replicas keeps its static batch size (no partial-batch handling)",
+         "tf-mwms-dynamic-batch: under MultiWorkerMirroredStrategy every finite distributed "
+         "dataset gets a batch dimension of None, so code that is right in one process "
+         "(ops.squeeze of a batch of labels, keras.io's supervised contrastive loss) fails "
+         "on every worker.", "tests/compat/test_static_batches.py"),
     _fix("malloc-thresholds",
          ("glibc mallopt(M_MMAP_THRESHOLD, M_TRIM_THRESHOLD)",
           "tensorflow.python.distribute.distribute_lib.StrategyBase."

@@ -53,6 +53,9 @@ def test_a_loss_returning_a_scalar_trains_like_a_per_example_loss(tmp_path, n):
         assert _close(runs[f"{loss}-{n}"], runs[f"{loss}-1"], 1e-5)
         assert runs[f"{loss}-{n}"]["evaluate"] == pytest.approx(runs[f"{loss}-1"]["evaluate"],
                                                                 rel=1e-5)
+    # A loss over every pair of the batch runs on the gathered global batch:
+    # one device's loss and update, the 22/21/21 split included.
+    assert _close(runs[f"batchwide-{n}"], runs["batchwide-1"], 1e-5), runs
 
 
 @pytest.mark.slow
@@ -79,28 +82,54 @@ def test_without_overridden_loss_call_a_loss_overriding_call_trains_at_n_times(t
     assert _close(runs["subclass-2"], runs["subclass-1"], 1e-5)   # call() is still exact
     assert two["fit_loss"] == pytest.approx(2 * one["fit_loss"], rel=1e-4)
     assert not _close(two, one, 1e-3)
+    # Scored per replica, the pairs across the two halves are missing.
+    assert not _close(runs["batchwide-2"], runs["batchwide-1"], 1e-3)
 
 
 CONTRASTIVE = REPO / "tests" / "fixtures" / "scripts" / "contrastive_loss.py"
 
 
-def _contrastive(command: list[str], tmp_path) -> list[dict]:
-    proc = subprocess.run(command, cwd=str(tmp_path), env=clean_env(), capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return [json.loads(line.split("CONTRASTIVE ", 1)[1]) for line in proc.stdout.splitlines()
-            if "CONTRASTIVE " in line]
+def _contrastive(command: list[str], tmp_path, tag: str = "CONTRASTIVE", code: int = 0,
+                 **env: str) -> tuple[list[dict], str]:
+    proc = subprocess.run(command, cwd=str(tmp_path), env=clean_env(**env),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == code, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return [json.loads(line.split(f"{tag} ", 1)[1]) for line in proc.stdout.splitlines()
+            if f"{tag} " in line], proc.stdout + proc.stderr
+
+
+LAUNCH = [sys.executable, "-m", "mirrorkit", "launch", "-n", "2", "--", "mirrorkit", "run",
+          str(CONTRASTIVE)]
 
 
 @pytest.mark.slow
 def test_an_unmodified_script_on_two_launched_workers_matches_plain_python(tmp_path):
-    # keras.io's contrastive loss (ops.mean inside the loss function), SGD:
-    # the same losses and weights as `python script.py`, on each worker.
-    (plain,) = _contrastive([sys.executable, str(CONTRASTIVE)], tmp_path)
-    workers = _contrastive([sys.executable, "-m", "mirrorkit", "launch", "-n", "2", "--",
-                            "mirrorkit", "run", str(CONTRASTIVE)], tmp_path)
-    assert len(workers) == 2
+    # keras.io's contrastive loss (ops.mean inside the loss function), SGD, and its
+    # supervised contrastive loss (a Loss overriding __call__ that scores every pair
+    # of the batch and squeezes the labels), Adam: the same losses and weights as
+    # `python script.py`, on each worker.
+    plain, plain_out = _contrastive([sys.executable, str(CONTRASTIVE)], tmp_path)
+    workers, out = _contrastive(LAUNCH, tmp_path)
+    assert len(plain) == 1 and len(workers) == 2
     for worker in workers:
-        assert worker["loss"] == pytest.approx(plain["loss"], abs=1e-5)
-        assert worker["evaluate"] == pytest.approx(plain["evaluate"], abs=1e-5)
-        assert worker["weights"] == pytest.approx(plain["weights"], abs=1e-4)
+        assert worker["loss"] == pytest.approx(plain[0]["loss"], abs=1e-5)
+        assert worker["evaluate"] == pytest.approx(plain[0]["evaluate"], abs=1e-5)
+        assert worker["weights"] == pytest.approx(plain[0]["weights"], abs=1e-4)
+    (supcon,) = [json.loads(line.split("SUPCON ", 1)[1]) for line in plain_out.splitlines()
+                 if line.startswith("SUPCON ")]
+    launched = [json.loads(line.split("SUPCON ", 1)[1]) for line in out.splitlines()
+                if "] SUPCON " in line]
+    assert len(launched) == 2
+    for worker in launched:
+        assert worker["loss"] == pytest.approx(supcon["loss"], rel=1e-6)
+        assert worker["weights"] == pytest.approx(supcon["weights"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_without_static_batch_shapes_the_supervised_contrastive_loss_fails_on_each_worker(
+        tmp_path):
+    # Across workers TensorFlow makes every batch dimension None: ops.squeeze of
+    # the labels then has no rank, and the loss's expand_dims raises.
+    _, out = _contrastive(LAUNCH, tmp_path, code=1,
+                          MIRRORKIT_COMPAT_DISABLE="static-batch-shapes")
+    assert out.count("Cannot take the length of shape with unknown rank") >= 2, out[-3000:]
