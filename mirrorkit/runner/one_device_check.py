@@ -20,9 +20,12 @@ any batch trains:
    function traced for the check is dropped: the ``fit`` that follows trains
    exactly as it would without the flag.
 
-Dropout and noise layers are switched off on both sides for the check's step
-(a replica draws its mask for its own slice, so N replicas cannot draw one
-device's mask); the line says so. The check never fails the script: any
+Random layers (Dropout, noise, random augmentation) stay on: the copy's seed
+generators start from the model's states, and the ``replica-random`` fix
+makes each replica draw its rows of one device's draw, so both sides draw the
+same numbers. With that fix turned off, Dropout and noise layers are switched
+off on both sides for the check's step instead (each replica would draw its
+own mask), and the line says so. The check never fails the script: any
 error becomes ``not checked: <reason>``.
 
 Under ``mirrorkit launch`` every worker runs the check at the same point
@@ -54,6 +57,7 @@ from mirrorkit.runner.one_device_copy import (
     one_device_step,
     one_line,
     run_step,
+    seed_states,
 )
 from mirrorkit.runner.one_device_verdict import PREFIX, Context, Step, Verdict, compare
 
@@ -116,8 +120,10 @@ def _check(model: Any, bound: inspect.BoundArguments, replicas: int) -> Verdict:
         raise CannotCopy("the one-device-check patch is turned off")
     batch = first_batch.take(bound)
     class_weight = bound.arguments.get("class_weight")
-    quiet = [(layer, attr) for layer in model._flatten_layers()
-             if (attr := QUIET.get(type(layer).__name__)) and getattr(layer, attr, 0)]
+    same_draws = _replica_random_applied()
+    quiet = [] if same_draws else [
+        (layer, attr) for layer in model._flatten_layers()
+        if (attr := QUIET.get(type(layer).__name__)) and getattr(layer, attr, 0)]
     # The check's trace (with Dropout off) must not become fit's step function.
     changes = [(model, "train_function", lambda _: None)]
     changes += [(layer, attr, lambda _: 0.0) for layer, attr in quiet]
@@ -129,12 +135,14 @@ def _check(model: Any, bound: inspect.BoundArguments, replicas: int) -> Verdict:
                 names = [getattr(v, "path", v.name) for v in model.weights]
                 updates = [np.asarray(v.numpy()) - w
                            for v, w in zip(model.weights, before.weights)]
-                one = one_device_step(model, batch, class_weight, before.weights, before.slots)
+                one = one_device_step(model, batch, class_weight, before.weights, before.slots,
+                                      before.seeds if same_draws else None)
         finally:
             # Back to the value the engine set, so leaving the block restores the script's.
             engine.on_object("one-device-check", model, "train_function", None)
-    context = Context(batch_norm=_per_replica_batch_norm(model),
-                      randomness=_random_layers(model, {id(layer) for layer, _ in quiet}),
+    # Where both sides draw the same numbers, randomness explains no difference.
+    randomness = () if same_draws else _random_layers(model, {id(l) for l, _ in quiet})
+    context = Context(batch_norm=_per_replica_batch_norm(model), randomness=randomness,
                       quieted=tuple(layer.name for layer, _ in quiet),
                       global_batch=_rows(batch))
     return compare(Step(logs=distributed, updates=updates), one, old=before.weights,
@@ -153,6 +161,7 @@ class _State:
     def __init__(self, model: Any) -> None:
         self.weights = [np.asarray(v.numpy()) for v in model.weights]
         self.slots = [np.asarray(v.numpy()) for v in model.optimizer.variables]
+        self.seeds = [np.asarray(v.numpy()) for v in seed_states(model)]
         self._all = [(v, np.asarray(v.numpy())) for v in
                      [*model.variables, *model.optimizer.variables, *model.metrics_variables]]
 
@@ -181,6 +190,12 @@ def _random_states() -> Iterator[None]:
     finally:
         random.setstate(python)
         np.random.set_state(numpy)
+
+
+def _replica_random_applied() -> bool:
+    from mirrorkit.compat import FIXES
+
+    return FIXES["replica-random"].is_applied()
 
 
 def _per_replica_batch_norm(model: Any) -> tuple[str, ...]:

@@ -23,11 +23,11 @@ import numpy as np
 from mirrorkit.patching import engine
 from mirrorkit.runner.one_device_verdict import Step
 
-__all__ = ["CannotCopy", "QUIET", "one_device_step", "one_line", "run_step"]
+__all__ = ["CannotCopy", "QUIET", "one_device_step", "one_line", "run_step", "seed_states"]
 
-# Layers whose training-time randomness is switched off for the check, and
-# the attribute that does it: each draws its masks per replica, so N
-# replicas cannot draw one device's mask.
+# Layers whose training-time randomness is switched off for the check when
+# the replica-random fix is off, and the attribute that does it: then each
+# replica draws its own mask, so N replicas cannot draw one device's.
 QUIET = {"Dropout": "rate", "SpatialDropout1D": "rate", "SpatialDropout2D": "rate",
          "SpatialDropout3D": "rate", "GaussianDropout": "rate", "AlphaDropout": "rate",
          "GaussianNoise": "stddev"}
@@ -88,8 +88,26 @@ def _rows(batch: Any) -> int:
     return int(leaves[0].shape[0])
 
 
+def seed_states(model: Any) -> list[Any]:
+    """The state variable of every seed generator of ``model``'s layers, in layer order.
+
+    A copy built from the model's config has its layers, and so its seed
+    generators, in the same order: giving it these states makes its Dropout
+    masks and random augmentation the model's.
+
+    Example:
+        >>> import keras
+        >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dropout(0.5)])
+        >>> [tuple(v.shape) for v in seed_states(model)]
+        [(2,)]
+    """
+    return [generator.state for layer in model._flatten_layers()
+            for generator in getattr(layer, "_seed_generators", None) or ()]
+
+
 def one_device_step(model: Any, batch: tuple[Any, Any, Any], class_weight: Any,
-                    weights: Sequence[np.ndarray], slots: Sequence[np.ndarray]) -> Step:
+                    weights: Sequence[np.ndarray], slots: Sequence[np.ndarray],
+                    seeds: Sequence[np.ndarray] | None = None) -> Step:
     """Train a one-device copy of ``model`` one step on ``batch``, from the given state.
 
     Args:
@@ -98,6 +116,9 @@ def one_device_step(model: Any, batch: tuple[Any, Any, Any], class_weight: Any,
         class_weight: ``fit``'s ``class_weight`` (or None).
         weights: the value of each of ``model.weights`` before the step.
         slots: the value of each of ``model.optimizer.variables`` before the step.
+        seeds: the value of each of :func:`seed_states` before the step: the
+            copy draws the model's random numbers. None: the copy's
+            :data:`QUIET` layers are switched off instead.
 
     Returns:
         The copy's logs and each weight's update.
@@ -114,7 +135,8 @@ def one_device_step(model: Any, batch: tuple[Any, Any, Any], class_weight: Any,
 
     def work() -> None:
         try:
-            result["step"] = _copy_and_step(model, batch, class_weight, weights, slots, policy)
+            result["step"] = _copy_and_step(model, batch, class_weight, weights, slots, seeds,
+                                            policy)
         except BaseException as err:  # noqa: BLE001 -- handed back to the caller's thread
             result["error"] = err
 
@@ -134,7 +156,7 @@ def _dtype_policy() -> Any:
 
 def _copy_and_step(model: Any, batch: tuple[Any, Any, Any], class_weight: Any,
                    weights: Sequence[np.ndarray], slots: Sequence[np.ndarray],
-                   policy: Any) -> Step:
+                   seeds: Sequence[np.ndarray] | None, policy: Any) -> Step:
     import tensorflow as tf
     from keras.src.backend.common import global_state
 
@@ -149,11 +171,20 @@ def _copy_and_step(model: Any, batch: tuple[Any, Any, Any], class_weight: Any,
     if copy.optimizer is not None and not copy.optimizer.built:
         copy.optimizer.build(copy.trainable_variables)
     _assign(copy.weights, weights, "weights")
-    _assign(copy.optimizer.variables, slots, "optimizer variables")
+    # As after Keras loads weights: a layer that keeps tensors derived from its
+    # variables (an adapted Normalization's mean and variance) recomputes them.
     for layer in copy._flatten_layers():
-        attr = QUIET.get(type(layer).__name__)
-        if attr:
-            engine.on_object("one-device-check", layer, attr, 0.0)
+        finalize = getattr(layer, "finalize_state", None)
+        if callable(finalize) and layer.weights:
+            finalize()
+    _assign(copy.optimizer.variables, slots, "optimizer variables")
+    if seeds is not None:
+        _assign(seed_states(copy), seeds, "seed generators")
+    else:
+        for layer in copy._flatten_layers():
+            attr = QUIET.get(type(layer).__name__)
+            if attr:
+                engine.on_object("one-device-check", layer, attr, 0.0)
     logs = run_step(copy, batch, class_weight, tf.distribute.get_strategy())
     updates = [np.asarray(v.numpy()) - w for v, w in zip(copy.weights, weights)]
     return Step(logs=logs, updates=updates)

@@ -1,14 +1,15 @@
 """``mirrorkit run --compare-one-device``: the distributed step checked against one device.
 
-One fixture script (tests/fixtures/one_device_check/models.py) holds seven
+One fixture script (tests/fixtures/one_device_check/models.py) holds eight
 models, each fit once, so each first fit is checked in one process. It runs
 three times, concurrently: with the flag; with the flag and the
-``scalar-losses`` fix turned off (its upstream failure: the loss and the
-update x2 on 2 replicas); and without the flag (the baseline the final
-weights must equal).
+``scalar-losses`` and ``replica-random`` fixes turned off (their upstream
+failures: the loss and the update x2 on 2 replicas; Dropout masks drawn per
+replica, which the check must then switch off); and without the flag (the
+baseline the final weights must equal).
 
 The ``one-device-check`` patch (the check's own trace dropped, Dropout off
-during it) has no upstream failure to show: turned off by name
+during it without replica-random) has no upstream failure to show: turned off by name
 (``MIRRORKIT_COMPAT_DISABLE=one-device-check``) the check does not run at
 all (its line says "not checked: the one-device-check patch is turned
 off"). What it guards, fit training exactly as without the flag, is
@@ -30,9 +31,9 @@ pytestmark = pytest.mark.slow
 SCRIPT = REPO / "tests" / "fixtures" / "one_device_check" / "models.py"
 _RUNS = {
     "flag": ({}, ("--compare-one-device",)),
-    "scalar_losses_off": ({"MIRRORKIT_COMPAT_DISABLE": "scalar-losses",
+    "scalar_losses_off": ({"MIRRORKIT_COMPAT_DISABLE": "scalar-losses,replica-random",
                            "MIRRORKIT_COMPARE_ONE_DEVICE": "1",
-                           "ONE_DEVICE_CHECK_MODELS": "dense_mse,contrastive"}, ()),
+                           "ONE_DEVICE_CHECK_MODELS": "dense_mse,contrastive,dropout_only"}, ()),
     "plain": ({}, ()),
 }
 
@@ -88,15 +89,30 @@ def test_dropout_and_batch_norm_are_explained_not_an_alarm(runs):
     line = runs["flag"][1]["dropout_bn"]
     assert "one-device check: differs as expected: BatchNormalization" in line, line
     assert "per-replica batch statistics (16 examples each instead of 32)" in line, line
-    assert re.search(r"dropout\w* switched off for the check", line), line
-    assert "DIFFERENT" not in line
+    assert "switched off" not in line and "DIFFERENT" not in line, line
 
 
-def test_dropout_alone_is_switched_off_not_a_false_alarm(runs):
+def test_dropout_draws_one_devices_masks_and_is_the_same(runs):
+    # Dropout stays on: the copy starts from the model's seed states and
+    # replica-random gives each replica its rows of one device's masks.
     line = runs["flag"][1]["dropout_only"]
-    assert "one-device check: same (" in line and "over loss, 1 metric and 4 variables" in line
+    assert "one-device check: same (" in line and "over loss, 1 metric and 4 variables)" in line
+    assert "switched off" not in line, line
+
+
+def test_without_replica_random_dropout_is_switched_off_for_the_check(runs):
+    # Each replica then draws its own mask: no one-device mask to compare with.
+    line = runs["scalar_losses_off"][1]["dropout_only"]
+    assert "one-device check: same (" in line, line
     assert re.search(r"; dropout\w* switched off for the check: each replica draws its own "
                      r"dropout mask\)", line), line
+
+
+def test_an_adapted_normalization_and_noise_are_the_same_as_one_device(runs):
+    # The copy recomputes Normalization's mean and variance from the weights it is
+    # given (it normalised with 0 and 1 before), and draws the model's noise.
+    line = runs["flag"][1]["normalized"]
+    assert "one-device check: same (" in line and "switched off" not in line, line
 
 
 def test_a_custom_train_step_is_checked(runs):
