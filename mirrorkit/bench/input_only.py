@@ -141,16 +141,15 @@ def _decoded(config: InputBenchConfig, data: Any, then: Callable[[Any], Any]) ->
     """The training files decoded in the same windows, each passed to ``then``."""
     import tensorflow as tf
 
+    from mirrorkit.data.pipelines import seeded_map
+
     decoder = data.map_fn
     if decoder.train_fn is None:
         return data.train.map(lambda x, y: then(decoder.window(x)),
                               num_parallel_calls=tf.data.AUTOTUNE)
-    # Seeded as the pipeline is (one int64 per example, paired with 0).
-    seeds = tf.data.Dataset.random(seed=config.seed, rerandomize_each_iteration=True)
-    ds = tf.data.Dataset.zip((data.train, seeds))
-    return ds.map(lambda example, one: then(decoder.window(
-        example[0], tf.stack([one, tf.constant(0, tf.int64)]))),
-        num_parallel_calls=tf.data.AUTOTUNE)
+    # Seeded as the pipeline is.
+    return seeded_map(data.train, config.seed,
+                      lambda example, pair: then(decoder.window(example[0], pair)))
 
 
 def _decode(config: InputBenchConfig, data: Any) -> Any:

@@ -106,19 +106,35 @@ def _map(tf: Any, ds: Any, map_fn: Callable[..., Any] | None, *, training: bool 
     train_fn = getattr(map_fn, "train_fn", None) if training else None
     if train_fn is None:
         return ds.map(map_fn, num_parallel_calls=tf.data.AUTOTUNE)
-    # One seed per example from a seeded stream, redrawn every epoch: the
-    # k-th example's random crop depends on (seed, epoch, k) only, not on
-    # which thread decodes it, so a seeded run repeats (and every worker of
-    # a DATA-sharded job draws the same crops for the same stream).
+    return seeded_map(ds, seed, lambda example, pair: train_fn(*example, pair))
+
+
+def seeded_map(ds: Any, seed: int | None, fn: Callable[[Any, Any], Any]) -> Any:
+    """``ds.map(fn(example, example_seed))`` with one stateless ``[2]`` seed per example.
+
+    The seeds come from a seeded stream redrawn every epoch: the k-th
+    example's random crop depends on (seed, epoch, k) only, not on which
+    thread decodes it, so a seeded run repeats (and every worker of a
+    DATA-sharded job draws the same crops for the same stream).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> ds = seeded_map(tf.data.Dataset.range(2), 0, lambda x, pair: pair)
+        >>> [tuple(s.shape) for s in ds]
+        [(2,), (2,)]
+    """
+    import tensorflow as tf
+
     # The map stays deterministic (in-order): out-of-order decoding measured
     # no gain per CPU-second on JPEG folders (benchmarks/RESULTS.md section 11)
     # and would break both the repeatable seeded run and DATA sharding.
     # One int64 per example (not a batch of two: a stage fewer per example),
     # paired with a constant into the [2] seed stateless ops take.
     seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
-    ds = tf.data.Dataset.zip((ds, seeds))
-    return ds.map(lambda example, one: train_fn(*example, tf.stack([one, tf.constant(_SEED_PAIR, tf.int64)])),
-                  num_parallel_calls=tf.data.AUTOTUNE)
+    pair = tf.constant(_SEED_PAIR, tf.int64)
+    return tf.data.Dataset.zip((ds, seeds)).map(
+        lambda example, one: fn(example, tf.stack([one, pair])),
+        num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def train_pipeline(
