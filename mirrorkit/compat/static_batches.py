@@ -32,10 +32,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-# Words in the names of the tf.data ops and classes that read files. A dataset
-# holding any of them may be sharded by file under AUTO; matching more than the
-# exact readers only keeps TensorFlow's own handling.
-_READER_WORDS = ("Record", "TextLine", "File", "SSTable")
+# Words in the names of the tf.data reader datasets (ops and classes: TFRecord,
+# FixedLengthRecord, ArrayRecord, RecordIO, TextLine, SSTable): what AUTO shards
+# by file. Without one, AUTO shards by data, whatever reads files in a map
+# (tf.io.read_file behind image_dataset_from_directory).
+_READER_WORDS = ("RecordDataset", "RecordIODataset", "TextLineDataset", "SSTableDataset")
 
 
 def _graph_reads_files(graph: Any) -> bool:
@@ -46,7 +47,7 @@ def _graph_reads_files(graph: Any) -> bool:
 
 
 def reads_files(dataset: Any) -> bool:
-    """Whether ``dataset`` (or any function inside it) reads files, so AUTO may shard by file.
+    """Whether ``dataset`` (or any function inside it) holds a reader dataset AUTO shards by file.
 
     Walks the dataset's inputs and the graphs of its map, interleave and
     filter functions. An input it cannot walk counts as reading files.
@@ -58,6 +59,8 @@ def reads_files(dataset: Any) -> bool:
         >>> reads_files(tf.data.Dataset.from_tensor_slices(["a"]).interleave(
         ...     tf.data.TFRecordDataset))
         True
+        >>> reads_files(tf.data.Dataset.from_tensor_slices(["a"]).map(tf.io.read_file))
+        False
     """
     seen: set[int] = set()
     stack = [dataset]
