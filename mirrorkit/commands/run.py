@@ -57,11 +57,18 @@ def _announce(runtime, scale: bool) -> None:
               "print one 'mirrorkit: one-device check:' line (same / DIFFERENT and why), then "
               "put every variable back so the fit trains as without the flag. "
               "Example: mirrorkit run --compare-one-device --simulate-cpus 2 train.py")
+@click.option("--sync-batch-norm/--no-sync-batch-norm", default=None,
+              envvar="MIRRORKIT_SYNC_BATCH_NORM", show_envvar=True,
+              help="Every BatchNormalization the script constructs (its own layers, "
+              "keras.applications backbones) synchronises its batch statistics across the "
+              "replicas, unless the script passes synchronized itself: one device's numbers "
+              "for models with BatchNormalization, at a few small all-reduces per layer and "
+              "step. Example: mirrorkit run --sync-batch-norm --simulate-cpus 2 train.py")
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(simulate_cpus: int | None, strategy: str | None, scale_batch: bool | None,
-        speed_up_fit: bool, compare_one_device: bool | None, script: str,
-        args: tuple[str, ...]) -> None:
+        speed_up_fit: bool, compare_one_device: bool | None, sync_batch_norm: bool | None,
+        script: str, args: tuple[str, ...]) -> None:
     """Run SCRIPT as `python SCRIPT ARGS` would, with every Keras model mirrored.
 
     The strategy is created and its scope entered before the script starts, so
@@ -93,11 +100,18 @@ def run(simulate_cpus: int | None, strategy: str | None, scale_batch: bool | Non
     then restores every variable: the fit trains as without the flag.
 
     \b
+    BatchNormalization (--sync-batch-norm): by default each replica
+    normalises with its own slice's statistics, as tf.distribute does; with
+    the flag the script's BatchNormalization layers synchronise them across
+    the replicas, and the model trains as on one device.
+
+    \b
     Examples:
       mirrorkit run --simulate-cpus 2 apps/plain_keras_script.py --epochs 3
       mirrorkit run --scale-batch train.py --batch-size 64   # 64 per replica
       mirrorkit run --speed-up-fit --simulate-cpus 2 train.py
       mirrorkit run --compare-one-device --simulate-cpus 2 train.py
+      mirrorkit run --sync-batch-norm --simulate-cpus 2 train.py
       mirrorkit launch -n 2 -- mirrorkit run tf_multi_worker_tutorial.py
     """
     from mirrorkit.runner import RunConfig, ScriptFailed, run_script
@@ -109,7 +123,8 @@ def run(simulate_cpus: int | None, strategy: str | None, scale_batch: bool | Non
             "see `mirrorkit run --help`)")
     config = RunConfig(script=script, args=tuple(args), strategy=strategy,
                        simulate_cpus=simulate_cpus, scale_batch=scale_batch,
-                       speed_up_fit=speed_up_fit, compare_one_device=compare_one_device)
+                       speed_up_fit=speed_up_fit, compare_one_device=compare_one_device,
+                       sync_batch_norm=sync_batch_norm)
     try:
         with user_errors(), _runner_log():
             _env.quiet_tensorflow()

@@ -246,6 +246,14 @@ _ADAPTATIONS = (
                 "dropped afterwards, so fit traces its own",
                 "replicas draw dropout masks per slice, and fit must train as without the flag.",
                 "tests/runner/test_one_device_check.py", scope="script"),
+    _adaptation("sync-batch-norm",
+                ("keras.src.layers.normalization.batch_normalization.BatchNormalization"
+                 ".__init__",),
+                "with --sync-batch-norm, a BatchNormalization the script constructs without "
+                "an explicit synchronized argument gets synchronized=True",
+                "opt-in: under N replicas each replica normalises with its own slice's "
+                "statistics, so a model with BatchNormalization trains unlike one device.",
+                "tests/runner/test_sync_batch_norm.py", scope="script"),
     _adaptation("speed-up-fit", ("keras.Model.compile", "Model.steps_per_execution (per model)"),
                 "with --speed-up-fit, fit runs several steps per tf.function call when the "
                 "script left steps_per_execution alone",

@@ -13,8 +13,9 @@ from pathlib import Path
 
 from mirrorkit import _env
 
-# The environment twin of --compare-one-device.
+# The environment twins of --compare-one-device and --sync-batch-norm.
 COMPARE_ONE_DEVICE = "MIRRORKIT_COMPARE_ONE_DEVICE"
+SYNC_BATCH_NORM = "MIRRORKIT_SYNC_BATCH_NORM"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +35,10 @@ class RunConfig:
         compare_one_device: start each model's first multi-replica ``fit``
             with the one-device check (:mod:`mirrorkit.runner.one_device_check`);
             None falls back to ``MIRRORKIT_COMPARE_ONE_DEVICE``, then False.
+        sync_batch_norm: BatchNormalization layers the script constructs
+            synchronise their statistics across replicas
+            (:mod:`mirrorkit.runner.sync_bn`); None falls back to
+            ``MIRRORKIT_SYNC_BATCH_NORM``, then False.
 
     Example:
         >>> RunConfig(script="train.py", args=("--epochs", "3")).args
@@ -47,6 +52,7 @@ class RunConfig:
     scale_batch: bool | None = None
     speed_up_fit: bool = False
     compare_one_device: bool | None = None
+    sync_batch_norm: bool | None = None
 
     def compares_one_device(self) -> bool:
         """``compare_one_device``, else ``MIRRORKIT_COMPARE_ONE_DEVICE`` (1/true/yes), else False.
@@ -55,10 +61,23 @@ class RunConfig:
             >>> RunConfig(script="train.py", compare_one_device=True).compares_one_device()
             True
         """
-        if self.compare_one_device is not None:
-            return bool(self.compare_one_device)
-        raw = _env.get(COMPARE_ONE_DEVICE) or ""
-        return raw.strip().lower() in {"1", "true", "yes", "on"}
+        return _flag(self.compare_one_device, COMPARE_ONE_DEVICE)
+
+    def syncs_batch_norm(self) -> bool:
+        """``sync_batch_norm``, else ``MIRRORKIT_SYNC_BATCH_NORM`` (1/true/yes), else False.
+
+        Example:
+            >>> RunConfig(script="train.py", sync_batch_norm=True).syncs_batch_norm()
+            True
+        """
+        return _flag(self.sync_batch_norm, SYNC_BATCH_NORM)
+
+
+def _flag(value: bool | None, variable: str) -> bool:
+    if value is not None:
+        return bool(value)
+    raw = _env.get(variable) or ""
+    return raw.strip().lower() in {"1", "true", "yes", "on"}
 
 
 class ScriptFailed(Exception):

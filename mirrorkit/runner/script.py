@@ -109,6 +109,7 @@ from mirrorkit.runner.exports import chief_only_saved_models, restored_calls
 from mirrorkit.runner.model_methods import model_methods
 from mirrorkit.runner.scope import ScriptScope
 from mirrorkit.runner.strategies import script_strategies
+from mirrorkit.runner.sync_bn import synchronized_batch_norm
 
 logger = logging.getLogger(__name__)
 
@@ -168,10 +169,15 @@ def run_script(config: RunConfig,
         compat.apply(strategy=strategy)
         if on_start is not None:
             on_start(runtime, scale)
+        if config.syncs_batch_norm() and runtime.replicas > 1:
+            logger.info("BatchNormalization layers the script builds synchronise their "
+                        "statistics across the %d replicas (--sync-batch-norm)",
+                        runtime.replicas)
         with ScriptScope(strategy, runtime) as scope, _script_sys(path, config.args), \
                 script_strategies(scope), \
                 restored_calls(scope), chief_only_saved_models(runtime), \
                 model_methods(scale, config.speed_up_fit, config.compares_one_device()), \
+                synchronized_batch_norm(config.syncs_batch_norm()), \
                 chief_saving.installed(runtime), \
                 downloads.installed(runtime), job_dirs.installed(runtime):
             _run_path(path)
