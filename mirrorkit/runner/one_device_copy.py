@@ -196,19 +196,48 @@ def _copy(model: Any) -> Any:
 
     classes = {type(layer).__name__: type(layer) for layer in model._flatten_layers()}
     classes[type(model).__name__] = type(model)
-    try:
-        config = model.get_config()
+
+    def rebuild(objects: dict[str, Any]) -> Any:
         # The script's own layer classes are known here, not registered.
-        with keras.utils.custom_object_scope(classes), \
+        with keras.utils.custom_object_scope(objects), \
                 serialization_lib.SafeModeScope(False):
-            copy = type(model).from_config(config)
-    except Exception as err:  # noqa: BLE001 -- any failure means: no copy
-        raise CannotCopy(f"{type(model).__name__} cannot be rebuilt from its config "
-                         f"({type(err).__name__}: {one_line(err)})") from err
+            return type(model).from_config(model.get_config())
+
+    try:
+        copy = rebuild(classes)
+    except Exception as err:  # noqa: BLE001 -- any failure means: no copy, unless ...
+        try:
+            # ... a layer of the script's whose __init__ takes only its own arguments
+            # (keras.io's ViT Patches(patch_size)) refused Keras's name/trainable/dtype.
+            copy = rebuild({name: _lenient(cls) for name, cls in classes.items()})
+        except Exception as again:  # noqa: BLE001 -- the retry got further: its reason
+            raise CannotCopy(f"{type(model).__name__} cannot be rebuilt from its config "
+                             f"({type(again).__name__}: {one_line(again)})") from err
     if type(copy) is not type(model):
         raise CannotCopy(f"its config rebuilds a {type(copy).__name__}, not a "
                          f"{type(model).__name__}")
     return copy
+
+
+def _lenient(cls: type) -> type:
+    """``cls``, or for a script's layer whose ``__init__`` takes no ``**kwargs``, a stand-in
+    whose ``from_config`` builds a ``cls`` from the config keys ``__init__`` names."""
+    import inspect
+
+    if cls.__module__.startswith("keras"):
+        return cls
+    params = inspect.signature(cls.__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return cls
+
+    class Lenient(cls):  # type: ignore[misc,valid-type]
+        @classmethod
+        def from_config(cls_, config: dict[str, Any]) -> Any:
+            return cls(**{k: v for k, v in config.items() if k in params and k != "self"})
+
+    Lenient.__name__ = Lenient.__qualname__ = cls.__name__
+    Lenient.__module__ = cls.__module__
+    return Lenient
 
 
 def one_line(err: BaseException) -> str:

@@ -185,7 +185,8 @@ def _cause(differing: list[_Item], replicas: int, context: Context) -> tuple[str
         return "explained", (
             f"BatchNormalization ({', '.join(context.batch_norm[:3])}) normalises with "
             f"per-replica batch statistics{per_replica}, as expected; not a bug -- "
-            "mirrorkit.sync_batch_norm(model) gives one device's numbers")
+            "mirrorkit run --sync-batch-norm (in code: mirrorkit.sync_batch_norm(model)) gives "
+            "one device's numbers")
     if context.randomness:
         return "explained", (
             f"training-time randomness of {', '.join(context.randomness[:3])} is drawn per "

@@ -1,6 +1,6 @@
 """``mirrorkit run --compare-one-device``: the distributed step checked against one device.
 
-One fixture script (tests/fixtures/one_device_check/models.py) holds eight
+One fixture script (tests/fixtures/one_device_check/models.py) holds nine
 models, each fit once, so each first fit is checked in one process. It runs
 three times, concurrently: with the flag; with the flag and the
 ``scalar-losses`` and ``replica-random`` fixes turned off (their upstream
@@ -113,6 +113,13 @@ def test_an_adapted_normalization_and_noise_are_the_same_as_one_device(runs):
     # given (it normalised with 0 and 1 before), and draws the model's noise.
     line = runs["flag"][1]["normalized"]
     assert "one-device check: same (" in line and "switched off" not in line, line
+
+
+def test_a_layer_whose_init_takes_only_its_own_arguments_is_copied(runs):
+    # Keras's from_config would pass it name and trainable (a TypeError): the copy
+    # builds it from the config keys its __init__ names.
+    line = runs["flag"][1]["own_layer"]
+    assert "one-device check: same (" in line, line
 
 
 def test_a_custom_train_step_is_checked(runs):
