@@ -119,8 +119,7 @@ def run(simulate_cpus: int | None, strategy: str | None, scale_batch: bool | Non
     if script.startswith("-"):
         # With ignore_unknown_options an unknown mirrorkit option lands here.
         raise click.UsageError(
-            f"No such option: {script} (mirrorkit run options go before SCRIPT; "
-            "see `mirrorkit run --help`)")
+            f"No such option: {script} (mirrorkit run options go before SCRIPT)")
     config = RunConfig(script=script, args=tuple(args), strategy=strategy,
                        simulate_cpus=simulate_cpus, scale_batch=scale_batch,
                        speed_up_fit=speed_up_fit, compare_one_device=compare_one_device,
