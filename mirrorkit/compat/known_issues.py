@@ -200,6 +200,15 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         TESTED_TENSORFLOW,
     ),
     KnownIssue(
+        "tf-xla-cpu-collectives", "tensorflow", "2.0", None,
+        "XLA cannot compile a training step whose replicas are CPU devices: under "
+        "MirroredStrategy over logical CPUs a variable of replica 1 is read from CPU:0, and "
+        "across CPU workers 'Collectives are not yet implemented for CPU devices when "
+        "compiling with XLA' (b/194942685), then a crash; jit_compile=True works on one CPU.",
+        "compat fix 'xla-cpu-replicas' makes Keras train such a model without XLA.",
+        TESTED_TENSORFLOW,
+    ),
+    KnownIssue(
         "keras-layer-loss-scaling", "keras", "3.0", None,
         "under N replicas a keras.losses.Loss called inside a layer and passed to add_loss "
         "(keras.io's LogisticEndpoint) is divided by N twice: it trains at 1/N strength.",

@@ -20,8 +20,8 @@ module each: :mod:`~mirrorkit.compat.symbolic_build`,
 :mod:`~mirrorkit.compat.symbolic_names`, :mod:`~mirrorkit.compat.no_gradient_losses`,
 :mod:`~mirrorkit.compat.logged_losses`, :mod:`~mirrorkit.compat.symbolic_order`, :mod:`~mirrorkit.compat.step_metrics`,
 :mod:`~mirrorkit.compat.replica_random`,
-:mod:`~mirrorkit.compat.uneven_batches`, :mod:`~mirrorkit.compat.static_batches`. One
-more is a process setting, not a Keras
+:mod:`~mirrorkit.compat.uneven_batches`, :mod:`~mirrorkit.compat.static_batches`,
+:mod:`~mirrorkit.compat.xla_cpu`. One more is a process setting, not a Keras
 patch (:mod:`~mirrorkit.compat.allocator`, ``malloc-thresholds``): :func:`apply`
 runs it and it is turned off by name like the others, but it is not in
 :data:`FIXES` and not in :func:`apply`'s result.
@@ -62,6 +62,7 @@ from mirrorkit.compat import (
     symbolic_names,
     symbolic_order,
     uneven_batches,
+    xla_cpu,
 )
 from mirrorkit.compat.fix import Decision, Fix, FixUnavailable
 from mirrorkit.patching import switches
@@ -177,6 +178,8 @@ FIXES: dict[str, Fix] = {fix.name: fix for fix in (
     Fix("static-batch-shapes", "Cannot take the length of shape with unknown rank",
         ("tensorflow.python.distribute.input_lib", "build", "DistributedDataset"),
         static_batches.make_build),
+    Fix("xla-cpu-replicas", "Collectives are not yet implemented for CPU devices",
+        ("keras.src.trainers.trainer", "model_supports_jit", None), xla_cpu.make),
 )}
 
 # Per process: each fix's decision (probes run once) and the fixes whose

@@ -189,6 +189,14 @@ _FIXES = (
          "dataset gets a batch dimension of None, so code that is right in one process "
          "(ops.squeeze of a batch of labels, keras.io's supervised contrastive loss) fails "
          "on every worker.", "tests/compat/test_static_batches.py"),
+    _fix("xla-cpu-replicas", ("keras.src.trainers.trainer.model_supports_jit",),
+         "a model whose strategy has 2+ replicas, all CPU devices, does not support "
+         "jit_compile (Keras then trains it without XLA), and one line says why",
+         "tf-xla-cpu-collectives: XLA cannot compile a step whose replicas are CPU devices "
+         "(a resource on another CPU device in one process, 'Collectives are not yet "
+         "implemented for CPU devices' across workers), so jit_compile=True (keras.io's "
+         "image classification from scratch) fails where one CPU trains.",
+         "tests/compat/test_xla_cpu.py"),
     _fix("malloc-thresholds",
          ("glibc mallopt(M_MMAP_THRESHOLD, M_TRIM_THRESHOLD)",
           "tensorflow.python.distribute.distribute_lib.StrategyBase."
