@@ -36,6 +36,12 @@ def _announce(runtime, scale: bool) -> None:
     click.echo(f"mirrorkit run: {runtime.summary()}; {batch}", err=True)
 
 
+def _switch(name: str, envvar: str, text: str):
+    """An on/off option that also reads ``envvar`` (unset: None, the config decides)."""
+    return click.option(f"--{name}/--no-{name}", default=None, envvar=envvar,
+                        show_envvar=True, help=text)
+
+
 @click.command(context_settings={"ignore_unknown_options": True,
                                  "allow_interspersed_args": False})
 @simulate_cpus_option
@@ -50,20 +56,18 @@ def _announce(runtime, scale: bool) -> None:
               "steps per tf.function call (not when a callback acts per batch: batch-level "
               "callbacks would run once per call) and prefetching of tf.data inputs. Off by "
               "default because it changes what batch-level callbacks see.")
-@click.option("--compare-one-device/--no-compare-one-device", default=None,
-              envvar="MIRRORKIT_COMPARE_ONE_DEVICE", show_envvar=True,
-              help="At the start of each model's first fit on more than one replica, train "
-              "one step on the first global batch both distributed and on a one-device copy, "
-              "print one 'mirrorkit: one-device check:' line (same / DIFFERENT and why), then "
-              "put every variable back so the fit trains as without the flag. "
-              "Example: mirrorkit run --compare-one-device --simulate-cpus 2 train.py")
-@click.option("--sync-batch-norm/--no-sync-batch-norm", default=None,
-              envvar="MIRRORKIT_SYNC_BATCH_NORM", show_envvar=True,
-              help="Every BatchNormalization the script constructs (its own layers, "
-              "keras.applications backbones) synchronises its batch statistics across the "
-              "replicas, unless the script passes synchronized itself: one device's numbers "
-              "for models with BatchNormalization, at a few small all-reduces per layer and "
-              "step. Example: mirrorkit run --sync-batch-norm --simulate-cpus 2 train.py")
+@_switch("compare-one-device", "MIRRORKIT_COMPARE_ONE_DEVICE",
+         "At the start of each model's first fit on more than one replica, train one step "
+         "on the first global batch both distributed and on a one-device copy, print one "
+         "'mirrorkit: one-device check:' line (same / DIFFERENT and why), then put every "
+         "variable back so the fit trains as without the flag. "
+         "Example: mirrorkit run --compare-one-device --simulate-cpus 2 train.py")
+@_switch("sync-batch-norm", "MIRRORKIT_SYNC_BATCH_NORM",
+         "Every BatchNormalization the script constructs (its own layers, keras.applications "
+         "backbones) synchronises its batch statistics across the replicas, unless the "
+         "script passes synchronized itself: one device's numbers for models with "
+         "BatchNormalization, at a few small all-reduces per layer and step. "
+         "Example: mirrorkit run --sync-batch-norm --simulate-cpus 2 train.py")
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(simulate_cpus: int | None, strategy: str | None, scale_batch: bool | None,
