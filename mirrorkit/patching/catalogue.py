@@ -20,6 +20,8 @@ from mirrorkit.patching.record import Patch
 
 # The compat matrix (tools/compat_matrix.py, results in tools/compat-matrix/).
 TESTED = "tensorflow 2.19.1, 2.20.0 and 2.21.0 with keras 3.15.1"
+# Patches added after the last compat-matrix run.
+TESTED_LATEST = "tensorflow 2.21.0 with keras 3.15.1"
 _TRAINER = "keras.src.backend.tensorflow.trainer.TensorFlowTrainer"
 _NN = "keras.src.backend.tensorflow.nn"
 _VARIABLE = "keras.src.backend.tensorflow.core.Variable"
@@ -27,15 +29,15 @@ _LOSS = "keras.src.losses.loss"
 
 
 def _fix(name: str, targets: tuple[str, ...], changes: str, reason: str, control: str,
-         scope: str = "process") -> Patch:
-    return Patch(name, targets, changes, reason, scope=scope, kind="fix", tested=TESTED,
+         scope: str = "process", tested: str = TESTED) -> Patch:
+    return Patch(name, targets, changes, reason, scope=scope, kind="fix", tested=tested,
                  control=control)
 
 
 def _adaptation(name: str, targets: tuple[str, ...], changes: str, reason: str,
-                control: str, scope: str) -> Patch:
+                control: str, scope: str, tested: str = TESTED) -> Patch:
     return Patch(name, targets, changes, reason, scope=scope, kind="adaptation",
-                 tested=TESTED, control=control)
+                 tested=tested, control=control)
 
 
 _ON_BATCH = {
@@ -134,7 +136,7 @@ _FIXES = (
          "keras-overridden-loss-call: a keras.losses.Loss subclass overriding __call__ (keras.io's "
          "supervised contrastive loss) skips Keras's scaling for the replicas: under N "
          "replicas it logs N times the loss and every step moves the weights N times as far.",
-         "tests/compat/test_scalar_losses.py"),
+         "tests/compat/test_scalar_losses.py", tested=TESTED_LATEST),
     _fix("symbolic-build-names", ("keras.src.trainers.trainer.Trainer._symbolic_build",
                                   "keras.src.backend.compute_output_spec (during the build)"),
          "the throwaway symbolic tensors of the build before the first step leave Keras's "
@@ -188,7 +190,7 @@ _FIXES = (
          "tf-mwms-dynamic-batch: under MultiWorkerMirroredStrategy every finite distributed "
          "dataset gets a batch dimension of None, so code that is right in one process "
          "(ops.squeeze of a batch of labels, keras.io's supervised contrastive loss) fails "
-         "on every worker.", "tests/compat/test_static_batches.py"),
+         "on every worker.", "tests/compat/test_static_batches.py", tested=TESTED_LATEST),
     _fix("xla-cpu-replicas", ("keras.src.trainers.trainer.model_supports_jit",),
          "a model whose strategy has 2+ replicas, all CPU devices, does not support "
          "jit_compile (Keras then trains it without XLA), and one line says why",
@@ -196,7 +198,7 @@ _FIXES = (
          "(a resource on another CPU device in one process, 'Collectives are not yet "
          "implemented for CPU devices' across workers), so jit_compile=True (keras.io's "
          "image classification from scratch) fails where one CPU trains.",
-         "tests/compat/test_xla_cpu.py"),
+         "tests/compat/test_xla_cpu.py", tested=TESTED_LATEST),
     _fix("malloc-thresholds",
          ("glibc mallopt(M_MMAP_THRESHOLD, M_TRIM_THRESHOLD)",
           "tensorflow.python.distribute.distribute_lib.StrategyBase."
@@ -261,7 +263,8 @@ _ADAPTATIONS = (
                 "an explicit synchronized argument gets synchronized=True",
                 "opt-in: under N replicas each replica normalises with its own slice's "
                 "statistics, so a model with BatchNormalization trains unlike one device.",
-                "tests/runner/test_sync_batch_norm.py", scope="script"),
+                "tests/runner/test_sync_batch_norm.py", scope="script",
+                tested=TESTED_LATEST),
     _adaptation("speed-up-fit", ("keras.Model.compile", "Model.steps_per_execution (per model)"),
                 "with --speed-up-fit, fit runs several steps per tf.function call when the "
                 "script left steps_per_execution alone",
