@@ -90,8 +90,16 @@ def _own_rows(context: Any, value: Any, local: Any) -> Any:
     """This replica's rows of ``value``, computed on the gathered batch."""
     import tensorflow as tf
 
-    sizes = context.all_gather(tf.shape(local)[:1], axis=0)
-    begin = tf.reduce_sum(sizes[:context.replica_id_in_sync_group])
+    from mirrorkit.compat import step_rows
+
+    rows = step_rows.current()
+    if rows is not None:
+        # Where the step's rows are recorded, their offset is known (and shared
+        # with replica-random and uneven-batch-losses: at most one collective).
+        begin, _total = step_rows.share(rows, context)
+    else:
+        sizes = context.all_gather(tf.shape(local)[:1], axis=0)
+        begin = tf.reduce_sum(sizes[:context.replica_id_in_sync_group])
     return value[begin:begin + tf.shape(local)[0]]
 
 
