@@ -13,7 +13,10 @@ which this path never calls.
 The fix wraps each such loss where ``CompileLoss`` builds its list of losses:
 the wrapper calls the loss and, when Keras's own scaling did not run during
 the call (a subclass may call ``super().__call__``), scales the scalar it
-returns as Keras scales a per-example loss's mean.
+returns as Keras scales a per-example loss's mean. A ``__call__`` that
+returns per-example values needs no scaling for its gradient (the replicas'
+sums add up to one device's) but is logged N times too large: its value is
+scaled and its gradient kept.
 
 Such a loss is often batch-wide (the contrastive loss scores every pair of
 the batch), which no scaling of each replica's value makes equal to one
@@ -133,10 +136,19 @@ class _Scaled:
         finally:
             _SCALED.reset(token)
         value = ops.convert_to_tensor(value)
-        if tuple(value.shape) != ():
-            # Per-example values: this replica's rows; Keras reduces and scales them.
-            return value if gathered is None else _own_rows(context, value, y_pred)
-        return value if seen else scale_loss_for_distribution(value)
+        if tuple(value.shape) == ():
+            return value if seen else scale_loss_for_distribution(value)
+        # Per-example values: this replica's rows. Keras neither reduces nor
+        # scales them: the gradient of a vector is the gradient of its sum, and
+        # the replicas' sums add up to one device's, but the trainer multiplies
+        # the logged value by N (measured: 2 replicas logged twice plain
+        # Python's loss). The value is scaled as Keras scales a loss, the
+        # gradient is not.
+        if gathered is not None:
+            value = _own_rows(context, value, y_pred)
+        if seen:
+            return value
+        return value + tf.stop_gradient(scale_loss_for_distribution(value) - value)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.loss, name)

@@ -56,6 +56,14 @@ def test_a_loss_returning_a_scalar_trains_like_a_per_example_loss(tmp_path, n):
     # A loss over every pair of the batch runs on the gathered global batch:
     # one device's loss and update, the 22/21/21 split included.
     assert _close(runs[f"batchwide-{n}"], runs["batchwide-1"], 1e-5), runs
+    # A __call__ returning per-example values: the gradient of their sum (as on
+    # one device), logged once, not N times. train_on_batch keeps Keras's whole
+    # batch on every replica when 64 rows do not divide by 3 (test_on_batch.py),
+    # which sums N copies of such a loss's gradient: only its kernel is skipped.
+    per, one = runs[f"per_example-{n}"], runs["per_example-1"]
+    kernels = ("kernel", "kernel2") if n != 3 else ("kernel",)
+    assert all(per[k] == pytest.approx(one[k], rel=1e-5) for k in KEYS), (per, one)
+    assert all(per[k] == pytest.approx(one[k], rel=1e-5) for k in kernels), (per, one)
 
 
 @pytest.mark.slow
@@ -84,6 +92,10 @@ def test_without_overridden_loss_call_a_loss_overriding_call_trains_at_n_times(t
     assert not _close(two, one, 1e-3)
     # Scored per replica, the pairs across the two halves are missing.
     assert not _close(runs["batchwide-2"], runs["batchwide-1"], 1e-3)
+    # Per-example values: the weights are right upstream, the logged loss is N times.
+    per, one = runs["per_example-2"], runs["per_example-1"]
+    assert per["kernel2"] == pytest.approx(one["kernel2"], rel=1e-5)
+    assert per["fit_loss"] == pytest.approx(2 * one["fit_loss"], rel=1e-5)
 
 
 CONTRASTIVE = REPO / "tests" / "fixtures" / "scripts" / "contrastive_loss.py"
