@@ -234,10 +234,11 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "under N replicas a keras.losses.Loss subclass that overrides __call__ and returns "
         "one value for the batch (keras.io's supervised contrastive learning) is never "
         "divided by N: the logged loss is N times the replicas' mean and every step moves "
-        "the weights N times as far.",
+        "the weights N times as far; one that returns per-example values trains right but "
+        "logs N times the loss.",
         "compat fix 'overridden-loss-call' runs such a loss on the gathered global batch "
         "(a batch-wide loss then scores plain Python's pairs) and scales its value like a "
-        "per-example loss's mean.",
+        "per-example loss's mean (per-example values: only the logged value).",
         TESTED_KERAS,
     ),
     KnownIssue(

@@ -132,7 +132,7 @@ _FIXES = (
                                   f"{_LOSS}.scale_loss_for_distribution"),
          "a compiled Loss whose class overrides __call__ runs on the global batch (every "
          "replica's rows gathered) and its scalar is divided by the replicas, unless Keras's "
-         "own scaling ran during the call",
+         "own scaling ran during the call (per-example values: their logged value only)",
          "keras-overridden-loss-call: a keras.losses.Loss subclass overriding __call__ (keras.io's "
          "supervised contrastive loss) skips Keras's scaling for the replicas: under N "
          "replicas it logs N times the loss and every step moves the weights N times as far.",
