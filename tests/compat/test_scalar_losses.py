@@ -4,8 +4,9 @@ A loss function or ``Loss.call`` returning one value for the batch (a mean, a
 sum divided by the batch size) must log and train as it does on one device,
 under ``fit``, ``evaluate``, ``train_on_batch`` and ``test_on_batch``, at 2, 3
 and 4 replicas; with the fix off by name, upstream reports N times the loss
-and moves the weights N times as far. Each replica count runs in a fresh
-process (collectives of differently sized strategies cannot share one).
+and moves the weights N times as far. One process runs the one-device
+reference and 2, 3 and 4 replicas (a strategy each over the first N of its 4
+logical CPUs); each control is a fresh process, as the fixes are chosen at start.
 """
 
 from __future__ import annotations
@@ -23,16 +24,26 @@ SCALAR = ("mean_fn", "sum_fn", "subclass", "overridden")
 KEYS = ("evaluate", "fit_loss", "test_on_batch", "train_on_batch")
 
 
-def _result(tmp_path, n: int, **env: str) -> dict:
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(n)], cwd=str(tmp_path),
-                          env=clean_env(**env), capture_output=True, text=True, timeout=300)
+def _result(tmp_path, *replicas: int, losses: tuple[str, ...] = (), **env: str) -> dict:
+    """One process: each loss (or the ``losses`` named) on one device and at each count."""
+    command = [sys.executable, str(SCRIPT), *map(str, replicas)]
+    if losses:
+        command.append("--losses=" + ",".join(losses))
+    proc = subprocess.run(command, cwd=str(tmp_path), env=clean_env(**env),
+                          capture_output=True, text=True, timeout=200 * (1 + len(replicas)))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return result_line(proc.stdout)
 
 
-def _runs(tmp_path, n: int, **env: str) -> tuple[str, dict]:
-    result = _result(tmp_path, n, **env)
+def _runs(tmp_path, *replicas: int, **kwargs) -> tuple[str, dict]:
+    result = _result(tmp_path, *replicas, **kwargs)
     return result["applied"], result["runs"]
+
+
+@pytest.fixture(scope="module")
+def fixed_runs(tmp_path_factory) -> tuple[str, dict]:
+    # The one-device reference is the same for every replica count: computed once.
+    return _runs(tmp_path_factory.mktemp("scalar_losses"), 2, 3, 4)
 
 
 def _close(a: dict, b: dict, tol: float) -> bool:
@@ -42,8 +53,8 @@ def _close(a: dict, b: dict, tol: float) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_a_loss_returning_a_scalar_trains_like_a_per_example_loss(tmp_path, n):
-    applied, runs = _runs(tmp_path, n)
+def test_a_loss_returning_a_scalar_trains_like_a_per_example_loss(fixed_runs, n):
+    applied, runs = fixed_runs
     assert applied == "applied"
     for loss in SCALAR:
         # Exactly what Keras gives its own per-example loss at N replicas ...
@@ -69,7 +80,9 @@ def test_a_loss_returning_a_scalar_trains_like_a_per_example_loss(tmp_path, n):
 @pytest.mark.slow
 def test_without_the_fix_upstream_reports_and_trains_at_n_times(tmp_path):
     # no-gradient-losses alone already gives evaluate the one-device value.
-    applied, runs = _runs(tmp_path, 2, MIRRORKIT_COMPAT_DISABLE="scalar-losses,no-gradient-losses")
+    # Only the losses asserted on below (the others' runs cost as much again).
+    applied, runs = _runs(tmp_path, 2, losses=("mean_fn", "mse"),
+                          MIRRORKIT_COMPAT_DISABLE="scalar-losses,no-gradient-losses")
     assert applied == "disabled"
     one, two, mse = runs["mean_fn-1"], runs["mean_fn-2"], runs["mse-2"]
     assert _close(mse, runs["mse-1"], 1e-5)          # a per-example loss is exact upstream
@@ -83,7 +96,9 @@ def test_without_the_fix_upstream_reports_and_trains_at_n_times(tmp_path):
 def test_without_overridden_loss_call_a_loss_overriding_call_trains_at_n_times(tmp_path):
     # keras.io's supervised contrastive loss overrides Loss.__call__: the scaling
     # scalar-losses adds inside Loss.__call__ never runs for it.
-    result = _result(tmp_path, 2, MIRRORKIT_COMPAT_DISABLE="overridden-loss-call")
+    # Only the losses asserted on below.
+    result = _result(tmp_path, 2, losses=("overridden", "subclass", "batchwide", "per_example"),
+                     MIRRORKIT_COMPAT_DISABLE="overridden-loss-call")
     assert (result["applied"], result["overridden_applied"]) == ("applied", "disabled")
     runs = result["runs"]
     one, two = runs["overridden-1"], runs["overridden-2"]
