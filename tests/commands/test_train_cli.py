@@ -352,13 +352,13 @@ def test_two_real_workers_read_their_own_shards_and_the_chief_writes_once(source
 # -- apps ------------------------------------------------------------------------
 
 def test_workstation_app_runs_the_default_job_through_the_library(tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO / "apps" / "workstation.py"), "--epochs", "2",
+    proc = subprocess.run([sys.executable, str(REPO / "apps" / "workstation.py"), "--epochs", "1",
                            "--output", str(tmp_path / "ws")], cwd=str(tmp_path), env=clean_env(),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "model     cnn: 151,306 parameters" in proc.stdout
     assert f"model in {tmp_path / 'ws' / 'model.keras'}" in proc.stdout.strip().splitlines()[-1]
-    assert json.loads((tmp_path / "ws" / "metrics.json").read_text())["epochs_run"] == 2
+    assert json.loads((tmp_path / "ws" / "metrics.json").read_text())["epochs_run"] == 1
 
 
 @pytest.mark.slow

@@ -5,10 +5,13 @@ and TensorBoard folders (``mirrorkit-backup-*-worker1-*``,
 ``mirrorkit-tensorboard-*-worker1-*``) in the temp dir, because TensorFlow
 workers ignore SIGTERM and are SIGKILLed with no chance to clean up. Each
 launch here gets its own TMPDIR, so what the job leaves there is all it left.
+The crash case also checks the launcher's summary names the killed worker as
+the root cause (the same run would otherwise be started again in test_launcher.py).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -87,13 +90,24 @@ def test_stopped_launcher_leaves_no_private_folder_of_its_workers(tmp_path, sig,
 
 
 @pytest.mark.slow
-def test_crashed_worker_leaves_no_private_folder(tmp_path):
+def test_crashed_worker_is_the_named_root_cause_and_leaves_no_private_folder(tmp_path):
     # Worker 1 SIGKILLs itself in epoch 2, its private backup written in epoch 1.
+    # No restarts: the launcher's summary names it as the root cause (this run
+    # is also tests/launcher/test_launcher.py's crash without restarts, checked
+    # here so the same two TensorFlow workers are not started twice).
     proc, temp = _start(tmp_path, [
         "-n", "2", "--grace-period", "1", "--", "python", TRAIN, "out", "--epochs", "4",
         "--backup", "--kill-rank", "1", "--kill-epoch", "2", "--marker", "killed"])
     rc, out, err = _finish(proc, 240)
     assert rc == 128 + signal.SIGKILL and "worker 1 SIGKILLs itself" in out, err[-2000:]
+    summary = err[err.index("[launch] FAILED after 0 restart(s)"):]
+    assert "Root cause: worker 1 (pid" in summary and "was killed by SIGKILL" in summary
+    tail = summary.split("output line(s) of worker 1:")[1]
+    assert "  worker 1 SIGKILLs itself in epoch 2" in tail
+    # Worker 0 finished epoch 1 only (restart 0), and no model was saved.
+    finished = [(r["restart"], r["epoch"]) for r in map(
+        json.loads, (tmp_path / "out" / "history-0.jsonl").read_text().splitlines())]
+    assert finished == [(0, 1)] and not (tmp_path / "out" / "model.keras").exists()
     assert _ours(temp) == [], sorted(os.listdir(temp))
 
 
