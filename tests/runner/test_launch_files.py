@@ -107,11 +107,19 @@ def test_mkdir_accepts_only_directories_made_during_the_job(tmp_path, monkeypatc
         assert engine.patched_by(os.mkdir) is None   # not launched: nothing replaced
 
 
-@pytest.mark.slow
-def test_keras_io_guide_makes_its_folder_once_relative_or_absolute(tmp_path):
-    plain = _run([sys.executable, GUIDE], tmp_path / "plain")
+@pytest.fixture(scope="module")
+def guide_plain(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """The guide run once with plain ``python`` (the reference of both guide tests)."""
+    folder = tmp_path_factory.mktemp("guide") / "plain"
+    plain = _run([sys.executable, GUIDE], folder)
     _ok(plain)
-    want = _files(tmp_path / "plain" / "ckpt")
+    return plain, folder
+
+
+@pytest.mark.slow
+def test_keras_io_guide_makes_its_folder_once_relative_or_absolute(tmp_path, guide_plain):
+    plain, plain_dir = guide_plain
+    want = _files(plain_dir / "ckpt")
     assert want == ["ckpt-1.keras", "ckpt-2.keras"]
     for name, folder in (("relative", "./ckpt"), ("absolute", str(tmp_path / "abs" / "ckpt"))):
         held = tmp_path / f"held-{name}"
@@ -162,18 +170,18 @@ def test_ctl_tutorial_chief_logic_of_its_own_runs_as_written(tmp_path):
 
 
 @pytest.mark.slow
-def test_keras_io_guide_second_run_restores_the_chiefs_newest_checkpoint(tmp_path):
+def test_keras_io_guide_second_run_restores_the_chiefs_newest_checkpoint(tmp_path,
+                                                                         guide_plain):
     # The guide calls run_training() twice: the second lists ./ckpt right
     # after fit and loads the newest file. --slow-chief-save holds the chief
     # inside its write of ckpt-2.keras (the zip not yet closed) for 3 s.
-    plain = _run([sys.executable, GUIDE], tmp_path / "plain")
-    _ok(plain)
+    plain, plain_dir = guide_plain
     assert _lines(plain, "Restoring from ") == ["Restoring from ckpt-2.keras"]
     command = [*LAUNCH, GUIDE, "--slow-chief-save", "3"]
     proc = _run(command, tmp_path / "launch")
     _ok(proc)
     assert _lines(proc, "Restoring from ") == _lines(plain, "Restoring from ") * 2
-    assert _files(tmp_path / "launch" / "ckpt") == _files(tmp_path / "plain" / "ckpt")
+    assert _files(tmp_path / "launch" / "ckpt") == _files(plain_dir / "ckpt")
     _same_numbers(plain, proc)
     # The control: patch "checkpoint-barrier" off by name, and worker 1 lists
     # the folder while the chief is still writing: it loads a half-written zip.
