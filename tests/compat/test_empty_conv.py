@@ -3,7 +3,8 @@
 The fixture script (``tests/fixtures/scripts/predict_evaluate_small.py``) runs
 a BatchNormalization CNN with fixed weights on 1 image, 3 images, 33 images
 at ``batch_size=32`` ... as arrays, tensors, dicts and ``tf.data.Dataset``.
-Its plain ``python`` run is the reference; ``mirrorkit run --simulate-cpus 2``
+Its plain ``python`` run is the reference (the same process then asks the
+fix's probe whether this CPU's kernels have the bug); ``mirrorkit run --simulate-cpus 2``
 and ``mirrorkit launch -n 2 -- mirrorkit run`` must give the same outputs
 (same shapes, values within 1e-6). With the two fixes disabled, the upstream
 failures are asserted, so the day upstream fixes them the fixes can go.
@@ -14,25 +15,41 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, clean_env, conv_mis_shapes_empty_batches
+from conftest import REPO, clean_env
 
 SCRIPT = REPO / "tests" / "fixtures" / "scripts" / "predict_evaluate_small.py"
 RUN = [sys.executable, "-m", "mirrorkit", "run", "--simulate-cpus", "2", str(SCRIPT)]
 LAUNCH = [sys.executable, "-m", "mirrorkit", "launch", "-n", "2", "--", "mirrorkit", "run",
           str(SCRIPT)]
 OFF = "empty-conv,predict-on-batch"
+# The plain run: the script as `python SCRIPT` runs it (its folder first on the
+# path), then, after it, the fix's own probe of this CPU's convolution kernels
+# (what conftest.conv_mis_shapes_empty_batches asks a process of its own).
+PLAIN = [sys.executable, "-c", textwrap.dedent(f"""
+    import runpy, sys
+    sys.path[0] = {str(SCRIPT.parent)!r}
+    runpy.run_path({str(SCRIPT)!r}, run_name="__main__")
+    from mirrorkit.compat import empty_conv
+    print("KERNEL_IS_BROKEN", empty_conv._kernel_is_broken())
+""")]
 
 
 def _results(command: list[str], cwd: Path, **env: str) -> dict[str, dict]:
+    return _run(command, cwd, **env)[0]
+
+
+def _run(command: list[str], cwd: Path, **env: str) -> tuple[dict[str, dict], str]:
     cwd.mkdir()
     proc = subprocess.run(command, cwd=str(cwd), env=clean_env(**env), capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return {p.name: json.loads(p.read_text()) for p in sorted(cwd.glob("predict_evaluate*.json"))}
+    files = sorted(cwd.glob("predict_evaluate*.json"))
+    return {p.name: json.loads(p.read_text()) for p in files}, proc.stdout
 
 
 def _assert_same(reference: dict, got: dict) -> None:
@@ -52,14 +69,30 @@ def _assert_same(reference: dict, got: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    (out,) = _results([sys.executable, str(SCRIPT)],
-                      tmp_path_factory.mktemp("ref") / "plain").values()
+def plain(tmp_path_factory):
+    """The plain run's results, and whether this CPU mis-shapes empty batches."""
+    results, stdout = _run(PLAIN, tmp_path_factory.mktemp("ref") / "plain")
+    (out,) = results.values()
     assert out["replicas"] == 1 and not any(isinstance(v, str) for v in out.values())
-    return out
+    (probe,) = [line.split()[1] for line in stdout.splitlines()
+                if line.startswith("KERNEL_IS_BROKEN ")]
+    return out, probe == "True"
 
 
-def test_two_local_replicas_match_one_device_and_fail_without_the_fixes(reference, tmp_path):
+@pytest.fixture(scope="module")
+def reference(plain):
+    return plain[0]
+
+
+@pytest.fixture(scope="module")
+def kernel_is_broken(plain):
+    """Does this CPU show TensorFlow's oneDNN empty-batch convolution bug? (the fix's probe)"""
+    return plain[1]
+
+
+def test_two_local_replicas_match_one_device_and_fail_without_the_fixes(reference,
+                                                                         kernel_is_broken,
+                                                                         tmp_path):
     (fixed,) = _results(RUN, tmp_path / "fixed").values()
     assert fixed["replicas"] == 2
     _assert_same(reference, fixed)
@@ -67,7 +100,7 @@ def test_two_local_replicas_match_one_device_and_fail_without_the_fixes(referenc
     (broken,) = _results(RUN, tmp_path / "broken", MIRRORKIT_COMPAT_DISABLE=OFF).values()
     empty_replica = ("predict/one_image", "predict/33_by_32_dataset", "evaluate/one_image",
                      "evaluate/33_by_32", "evaluate/one_dataset")
-    if conv_mis_shapes_empty_batches():
+    if kernel_is_broken:
         # TF's oneDNN convolution returns its input for the empty replica's batch.
         for key in empty_replica:
             assert "Incompatible shapes" in broken[key], (key, broken[key])

@@ -8,7 +8,8 @@ grouped per run to keep the suite short:
   weights as one process on the same global batch (equivalence), predictions
   equal to a single-process predict of the saved model (every example once,
   in order), chief-only files, no temporary directories left, and the
-  checkpoint reloads to the same loss.
+  checkpoint reloads to the same loss. The one-process reference run then
+  reloads the job's saved models in the same interpreter (_SINGLE).
 * 3 workers: fit/evaluate/predict and identical weights with an uneven last
   predict batch.
 * Resume: both workers killed after an epoch, restarted with the same
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -67,44 +69,80 @@ def _files(root):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """One process (default strategy), global batch 32, the same seed and data order."""
-    tmp = tmp_path_factory.mktemp("reference")
-    proc = subprocess.run(
-        [sys.executable, str(APP), *_args(tmp / "out", tmp / "res", per_replica=32)],
-        env=clean_env(), cwd=str(tmp), capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return _load(tmp / "res", "local")
+def two_workers(tmp_path_factory):
+    """The uninterrupted 2-worker job (2 x 16 per replica) of the first test."""
+    tmp = tmp_path_factory.mktemp("two_workers")
+    out, res = tmp / "out", tmp / "res"
+    with _start(tmp, 2, _args(out, res, per_replica=16)) as group:
+        results = group.wait(timeout=240)
+        report, chief_pid = group.report(), group.procs[0].pid
+    return SimpleNamespace(tmp=tmp, out=out, res=res, report=report, chief_pid=chief_pid,
+                           returncodes=[r.returncode for r in results])
 
 
-_RELOAD = textwrap.dedent('''
-    import sys
+# One single process: the app exactly as `python apps/multi_worker.py ARGS` runs
+# it (its folder first on the path), then the models the 2-worker job saved,
+# loaded afresh (this process never trained them): predict and evaluate the
+# test split.
+_SINGLE = textwrap.dedent('''
+    import runpy, sys
+    sys.path[0] = {apps!r}
+    sys.argv = [{app!r}, *{args!r}]
+    try:
+        runpy.run_path({app!r}, run_name="__main__")
+    except SystemExit as end:
+        if end.code:
+            raise
+
     import keras
     import numpy as np
-    sys.path.insert(0, {apps!r})
     from multi_worker import load_digits_split
 
     _, (x_test, y_test) = load_digits_split()
     out = {{}}
     for name, path in {paths!r}.items():
-        model = keras.models.load_model(path)
-        out[name + "_pred"] = model.predict(x_test, batch_size=50, verbose=0)
-        out[name + "_loss"] = model.evaluate(x_test, y_test, verbose=0, return_dict=True)["loss"]
+        try:   # a model that does not reload fails its test, not the reference
+            model = keras.models.load_model(path)
+            out[name + "_pred"] = model.predict(x_test, batch_size=50, verbose=0)
+            out[name + "_loss"] = model.evaluate(x_test, y_test, verbose=0,
+                                                 return_dict=True)["loss"]
+        except Exception as err:
+            out[name + "_error"] = repr(err)
     np.savez({dest!r}, **out)
 ''')
 
 
-def _reload(tmp_path, **paths):
-    """Load saved models in a fresh single process; predict and evaluate the test split."""
-    dest = str(tmp_path / "reloaded.npz")
-    script = tmp_path / "reload.py"
-    script.write_text(_RELOAD.format(apps=str(REPO / "apps"), dest=dest,
-                                     paths={k: str(v) for k, v in paths.items()}))
-    proc = subprocess.run([sys.executable, str(script)], env=clean_env(), cwd=str(tmp_path),
-                          capture_output=True, text=True, timeout=120)
+@pytest.fixture(scope="module")
+def single_process(tmp_path_factory, two_workers):
+    """The reference run and the 2-worker job's reloaded models, from one process (_SINGLE)."""
+    tmp = tmp_path_factory.mktemp("reference")
+    saved = {"final": two_workers.out / "model.keras",
+             "best": two_workers.out / "checkpoints" / "best.keras"}
+    dest = tmp / "reloaded.npz"
+    script = tmp / "single.py"
+    script.write_text(_SINGLE.format(
+        apps=str(REPO / "apps"), app=str(APP), dest=str(dest),
+        args=[str(a) for a in _args(tmp / "out", tmp / "res", per_replica=32)],
+        # Whatever the job saved: if it failed, its test says so, not the reference.
+        paths={k: str(v) for k, v in saved.items() if v.is_file()}))
+    proc = subprocess.run([sys.executable, str(script)], env=clean_env(), cwd=str(tmp),
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with np.load(dest) as data:
-        return {k: data[k] for k in data.files}
+        reloaded = {k: data[k] for k in data.files}
+    return _load(tmp / "res", "local"), reloaded
+
+
+@pytest.fixture(scope="module")
+def reference(single_process):
+    """One process (default strategy), global batch 32, the same seed and data order."""
+    return single_process[0]
+
+
+@pytest.fixture(scope="module")
+def reloaded(single_process):
+    """The 2-worker job's final and best models, loaded in one process: predictions, losses."""
+    return single_process[1]
 
 
 def _start(tmp_path, n, args, **env):
@@ -113,12 +151,9 @@ def _start(tmp_path, n, args, **env):
     return WorkerGroup(APP, n, args=args, cwd=tmp_path, env={"TMPDIR": str(systmp), **env})
 
 
-def test_two_workers_train_save_and_match_one_process(tmp_path, reference):
-    out, res = tmp_path / "out", tmp_path / "res"
-    with _start(tmp_path, 2, _args(out, res, per_replica=16)) as group:
-        results = group.wait(timeout=240)
-        report, chief_pid = group.report(), group.procs[0].pid
-    assert [r.returncode for r in results] == [0, 0], report
+def test_two_workers_train_save_and_match_one_process(two_workers, reference, reloaded):
+    out, res, report = two_workers.out, two_workers.res, two_workers.report
+    assert two_workers.returncodes == [0, 0], report
     w0, w1 = _load(res, "worker0"), _load(res, "worker1")
     assert bool(w0["is_chief"]) and not bool(w1["is_chief"])
 
@@ -141,13 +176,14 @@ def test_two_workers_train_save_and_match_one_process(tmp_path, reference):
     if HAS_TENSORBOARD:
         assert [os.path.dirname(f) for f in logs] == ["logs/train", "logs/validation"], logs
         # Event file names carry the writer's pid: all are the chief's.
-        assert all(f".{chief_pid}." in os.path.basename(f) for f in logs), (logs, chief_pid)
-    assert _mirrorkit_temp(tmp_path / "systmp") == []
+        assert all(f".{two_workers.chief_pid}." in os.path.basename(f) for f in logs), (
+            logs, two_workers.chief_pid)
+    assert _mirrorkit_temp(two_workers.tmp / "systmp") == []
 
     # Predict returns every example once, in order: equal to one process
     # predicting with the saved final model. The best checkpoint reloads and
     # evaluates to the best validation loss seen during fit.
-    reloaded = _reload(tmp_path, final=out / "model.keras", best=out / "checkpoints" / "best.keras")
+    assert sorted(reloaded) == ["best_loss", "best_pred", "final_loss", "final_pred"], reloaded
     assert w0["predictions"].shape == reloaded["final_pred"].shape == (len(w0["x_test"]), 10)
     np.testing.assert_allclose(w0["predictions"], reloaded["final_pred"], atol=1e-5)
     np.testing.assert_allclose(w0["predictions"], w0["local_predictions"], atol=1e-5)

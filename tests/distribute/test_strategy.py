@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import clean_env
@@ -111,18 +112,6 @@ def test_too_late_to_split_devices_is_a_clear_error(run_python):
     assert "before any other TensorFlow op" in out
 
 
-def test_switching_strategy_in_one_process_is_refused(run_python):
-    code = """
-    import mirrorkit
-    mirrorkit.get_strategy(simulate_cpus=2)
-    try:
-        mirrorkit.get_strategy("default")
-    except RuntimeError as err:
-        print("ERR", err)
-    """
-    assert "ERR This process already created a 'mirrored' strategy" in run_python(code).stdout
-
-
 THREADS = """
 import json, os, sys
 import tensorflow as tf
@@ -131,14 +120,18 @@ if sys.argv[1:] == ["user"]:
 import mirrorkit
 from mirrorkit.distribute.devices import usable_cores
 mirrorkit.get_strategy(simulate_cpus=int(os.environ.get("N", "2")))
-print(json.dumps([tf.config.threading.get_intra_op_parallelism_threads(), usable_cores()]))
+threads = [tf.config.threading.get_intra_op_parallelism_threads(), usable_cores()]
+try:   # a second, different strategy in the same process
+    mirrorkit.get_strategy("default")
+    refused = None
+except RuntimeError as err:
+    refused = str(err)
+print(json.dumps(threads + [refused]))
 """
+THREAD_CASES = ("two", "four", "user-call", "user-env")
 
 
-@pytest.mark.parametrize("case", ["two", "four", "user-call", "user-env"])
-def test_simulated_replicas_share_the_cores_unless_the_user_chose(case, tmp_path):
-    script = tmp_path / "threads.py"
-    script.write_text(THREADS)
+def _threads_run(script, case):
     env = {"N": "4" if case == "four" else "2"}
     if case == "user-env":
         env["TF_NUM_INTRAOP_THREADS"] = "2"
@@ -146,7 +139,28 @@ def test_simulated_replicas_share_the_cores_unless_the_user_chose(case, tmp_path
     proc = subprocess.run([sys.executable, str(script), *args], env=clean_env(**env),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    threads, cores = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def threads_runs(tmp_path_factory):
+    """{case: [intra-op threads, usable cores, a 2nd strategy's refusal]}, a process each."""
+    script = tmp_path_factory.mktemp("threads") / "threads.py"
+    script.write_text(THREADS)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(THREAD_CASES, pool.map(lambda case: _threads_run(script, case),
+                                               THREAD_CASES)))
+
+
+def test_switching_strategy_in_one_process_is_refused(threads_runs):
+    # The "two" run: get_strategy(simulate_cpus=2), then get_strategy("default").
+    refused = threads_runs["two"][2]
+    assert (refused or "").startswith("This process already created a 'mirrored' strategy"), refused
+
+
+@pytest.mark.parametrize("case", THREAD_CASES)
+def test_simulated_replicas_share_the_cores_unless_the_user_chose(case, threads_runs):
+    threads, cores, _ = threads_runs[case]
     want = {"two": max(1, cores // 2), "four": max(1, cores // 4),
             "user-call": 3, "user-env": 0}[case]   # 0: TF's default, i.e. its env var rules
     assert threads == want
