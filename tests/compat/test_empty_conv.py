@@ -70,7 +70,11 @@ def _assert_same(reference: dict, got: dict) -> None:
 
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory):
-    """The plain run's results, and whether this CPU mis-shapes empty batches."""
+    """The plain run's results, and whether this CPU mis-shapes empty batches.
+
+    The second: does this CPU show TensorFlow's oneDNN empty-batch convolution
+    bug? (the fix's own probe, asked by the plain run's process)
+    """
     results, stdout = _run(PLAIN, tmp_path_factory.mktemp("ref") / "plain")
     (out,) = results.values()
     assert out["replicas"] == 1 and not any(isinstance(v, str) for v in out.values())
@@ -79,20 +83,8 @@ def plain(tmp_path_factory):
     return out, probe == "True"
 
 
-@pytest.fixture(scope="module")
-def reference(plain):
-    return plain[0]
-
-
-@pytest.fixture(scope="module")
-def kernel_is_broken(plain):
-    """Does this CPU show TensorFlow's oneDNN empty-batch convolution bug? (the fix's probe)"""
-    return plain[1]
-
-
-def test_two_local_replicas_match_one_device_and_fail_without_the_fixes(reference,
-                                                                         kernel_is_broken,
-                                                                         tmp_path):
+def test_two_local_replicas_match_one_device_and_fail_without_the_fixes(plain, tmp_path):
+    reference, kernel_is_broken = plain
     (fixed,) = _results(RUN, tmp_path / "fixed").values()
     assert fixed["replicas"] == 2
     _assert_same(reference, fixed)
@@ -117,7 +109,8 @@ def test_two_local_replicas_match_one_device_and_fail_without_the_fixes(referenc
 
 
 @pytest.mark.slow
-def test_two_launched_workers_match_one_device(reference, tmp_path):
+def test_two_launched_workers_match_one_device(plain, tmp_path):
+    reference, _ = plain
     outs = _results(LAUNCH, tmp_path / "launch")
     assert sorted(outs) == ["predict_evaluate-worker0.json", "predict_evaluate-worker1.json"]
     for out in outs.values():
