@@ -242,6 +242,18 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         TESTED_KERAS,
     ),
     KnownIssue(
+        "keras-batch-wide-metrics", "keras", "3.0", None,
+        "under N replicas every replica updates a compiled metric with its own slice of the "
+        "batch and Keras sums the replicas' variables: one device's value only for a sum of "
+        "per-example terms. A metric that pairs the examples of its batch (keras.io's "
+        "CategoricalTruePositives compares (batch,) labels with (batch, 1) predictions) or a "
+        "metric function returning one value for its batch logs another number than plain "
+        "Python (2 replicas: 4433 true positives vs 8248).",
+        "compat fix 'batch-wide-metrics' updates such a metric (its class or function not "
+        "Keras's) once per step on the gathered global batch.",
+        TESTED_KERAS,
+    ),
+    KnownIssue(
         "keras-symbolic-build-names", "keras", "3.0", None,
         "under any tf.distribute strategy the symbolic build before the first fit creates "
         "throwaway symbolic tensors that advance Keras's keras_tensor_N name counter: later "

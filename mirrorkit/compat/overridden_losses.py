@@ -59,8 +59,15 @@ def overrides_call(loss: Any) -> bool:
     return owner is not Loss
 
 
-def _gathered(context: Any, values: tuple[Any, ...]) -> tuple[Any, ...] | None:
-    """``values`` with every replica's rows, in global-batch order; None when they cannot be."""
+def gather_batch(context: Any, values: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """``values`` with every replica's rows, in global-batch order; None when they cannot be.
+
+    Called inside a replica (``context`` is its replica context); a None in
+    ``values`` stays None. Also used by ``batch-wide-metrics``.
+
+    Example:
+        >>> y_true, y_pred = gather_batch(context, (y_true, y_pred))   # doctest: +SKIP
+    """
     import tensorflow as tf
     from keras import ops
 
@@ -128,7 +135,7 @@ class _Scaled:
         context = tf.distribute.get_replica_context()
         if context is None or context.num_replicas_in_sync <= 1:
             return self.loss(y_true, y_pred, sample_weight)
-        gathered = _gathered(context, (y_true, y_pred, sample_weight))
+        gathered = gather_batch(context, (y_true, y_pred, sample_weight))
         seen: list = []
         token = _SCALED.set(seen)
         try:

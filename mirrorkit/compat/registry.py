@@ -17,9 +17,10 @@ module each: :mod:`~mirrorkit.compat.symbolic_build`,
 :mod:`~mirrorkit.compat.generator_copies`, :mod:`~mirrorkit.compat.accumulation`,
 :mod:`~mirrorkit.compat.layer_losses`, :mod:`~mirrorkit.compat.scalar_losses`,
 :mod:`~mirrorkit.compat.overridden_losses`,
+:mod:`~mirrorkit.compat.batch_metrics`,
 :mod:`~mirrorkit.compat.symbolic_names`, :mod:`~mirrorkit.compat.no_gradient_losses`,
-:mod:`~mirrorkit.compat.logged_losses`, :mod:`~mirrorkit.compat.symbolic_order`, :mod:`~mirrorkit.compat.step_metrics`,
-:mod:`~mirrorkit.compat.replica_random`,
+:mod:`~mirrorkit.compat.logged_losses`, :mod:`~mirrorkit.compat.symbolic_order`,
+:mod:`~mirrorkit.compat.step_metrics`, :mod:`~mirrorkit.compat.replica_random`,
 :mod:`~mirrorkit.compat.uneven_batches`, :mod:`~mirrorkit.compat.static_batches`,
 :mod:`~mirrorkit.compat.xla_cpu`. One more is a process setting, not a Keras
 patch (:mod:`~mirrorkit.compat.allocator`, ``malloc-thresholds``): :func:`apply`
@@ -40,6 +41,7 @@ from mirrorkit import _env
 from mirrorkit.compat import (
     accumulation,
     allocator,
+    batch_metrics,
     cross_replica_step,
     empty_conv,
     generator_copies,
@@ -148,6 +150,9 @@ FIXES: dict[str, Fix] = {fix.name: fix for fix in (
         overridden_losses.make_build,
         also=(("keras.src.losses.loss", "scale_loss_for_distribution", None,
                overridden_losses.make_scale),)),
+    Fix("batch-wide-metrics", "a metric the script wrote counts 1/N of its batch's pairs",
+        ("keras.src.trainers.compile_utils", "build", "CompileMetrics"),
+        batch_metrics.make_build),
     # Stacks on no-call-build's wrapper of the same function.
     Fix("symbolic-build-names", "Invalid Input name (keras_tensor_",
         ("keras.src.trainers.trainer", "_symbolic_build", "Trainer"), symbolic_names.make),

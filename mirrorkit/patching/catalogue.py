@@ -137,6 +137,15 @@ _FIXES = (
          "supervised contrastive loss) skips Keras's scaling for the replicas: under N "
          "replicas it logs N times the loss and every step moves the weights N times as far.",
          "tests/compat/test_scalar_losses.py", tested=TESTED_LATEST),
+    _fix("batch-wide-metrics", ("keras.src.trainers.compile_utils.CompileMetrics.build",),
+         "a compiled metric whose class or function the script wrote is updated once per step "
+         "on the global batch (every replica's labels, predictions and weights gathered), on "
+         "the first replica",
+         "keras-batch-wide-metrics: under N replicas each replica updates a compiled metric "
+         "with its own slice, which gives one device's value only for a sum of per-example "
+         "terms: keras.io's CategoricalTruePositives (a (batch, batch) comparison) logs about "
+         "1/N of plain Python's count.", "tests/compat/test_batch_metrics.py",
+         tested=TESTED_LATEST),
     _fix("symbolic-build-names", ("keras.src.trainers.trainer.Trainer._symbolic_build",
                                   "keras.src.backend.compute_output_spec (during the build)"),
          "the throwaway symbolic tensors of the build before the first step leave Keras's "
