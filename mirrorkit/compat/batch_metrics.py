@@ -33,10 +33,6 @@ from typing import Any, Callable
 
 from mirrorkit.compat.overridden_losses import gather_batch
 
-# The attribute that marks a metric whose update_state this fix replaced.
-_MARK = "_mirrorkit_global_batch_update"
-
-
 def written_by_script(metric: Any) -> bool:
     """Is ``metric`` (a Keras metric object) one whose arithmetic Keras did not write?
 
@@ -83,17 +79,19 @@ def _global_batch_update(update: Callable[..., Any]) -> Callable[..., Any]:
             return None
         return call(*gathered)
 
-    update_state.__wrapped__ = update
     return update_state
 
 
 def _wrap(metric: Any) -> None:
-    if getattr(metric, _MARK, False) or not written_by_script(metric) or not _summed(metric):
+    from mirrorkit.patching import engine
+
+    if engine.patched_by(metric.update_state) == "batch-wide-metrics" \
+            or not written_by_script(metric) or not _summed(metric):
         return
-    # An instance attribute: the metric's class (maybe shared with metrics
-    # outside compile, updated by hand in a custom step) stays as written.
-    object.__setattr__(metric, "update_state", _global_batch_update(metric.update_state))
-    object.__setattr__(metric, _MARK, True)
+    # On the instance: the metric's class (maybe shared with metrics outside
+    # compile, updated by hand in a custom step) stays as written.
+    engine.on_object("batch-wide-metrics", metric, "update_state",
+                     _global_batch_update(metric.update_state))
 
 
 def make_build(original: Callable[..., Any]) -> Callable[..., Any]:

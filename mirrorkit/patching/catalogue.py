@@ -146,6 +146,14 @@ _FIXES = (
          "terms: keras.io's CategoricalTruePositives (a (batch, batch) comparison) logs about "
          "1/N of plain Python's count.", "tests/compat/test_batch_metrics.py",
          tested=TESTED_LATEST),
+    _fix("batch-sum-losses", ("keras.src.layers.layer.Layer.add_loss", f"{_LOSS}.reduce_values"),
+         "an add_loss value that sums over the batch (read from its graph) is multiplied by "
+         "the global rows over the replica's rows, so Keras's division leaves each replica "
+         "its own sum",
+         "keras-batch-sum-losses: under N replicas Keras divides every add_loss value by N, "
+         "which for a value summing over the batch (keras.io's ActivityRegularizationLayer, "
+         "ops.sum(inputs) * 0.1) leaves 1/N of plain Python's term in the loss and the "
+         "gradients.", "tests/compat/test_batch_sums.py", tested=TESTED_LATEST),
     _fix("symbolic-build-names", ("keras.src.trainers.trainer.Trainer._symbolic_build",
                                   "keras.src.backend.compute_output_spec (during the build)"),
          "the throwaway symbolic tensors of the build before the first step leave Keras's "
