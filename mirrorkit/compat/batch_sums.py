@@ -1,4 +1,4 @@
-"""The ``batch-sum-losses`` fix: an ``add_loss`` value that sums over the batch trains as on one device.
+"""The ``batch-sum-losses`` fix: an ``add_loss`` sum over the batch trains as on one device.
 
 Keras divides every ``add_loss`` value by the replica count N, so that the
 replicas' gradients, summed, are one device's. That is right for a value

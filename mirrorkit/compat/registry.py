@@ -9,27 +9,15 @@ needed, and can be turned off by name (``apply(disable=[...])``,
 target is gone from Keras is reported ``unavailable`` with one warning, and
 the feature that depends on it turns itself off (:func:`works`); creating a
 strategy never fails because of a fix. The fixes themselves live in one
-module each: :mod:`~mirrorkit.compat.symbolic_build`,
-:mod:`~mirrorkit.compat.scalar_logs`, :mod:`~mirrorkit.compat.multistep`,
-:mod:`~mirrorkit.compat.step_variables`, :mod:`~mirrorkit.compat.no_call_build`,
-:mod:`~mirrorkit.compat.cross_replica_step`,
-:mod:`~mirrorkit.compat.empty_conv`, :mod:`~mirrorkit.compat.on_batch`,
-:mod:`~mirrorkit.compat.generator_copies`, :mod:`~mirrorkit.compat.accumulation`,
-:mod:`~mirrorkit.compat.layer_losses`, :mod:`~mirrorkit.compat.scalar_losses`,
-:mod:`~mirrorkit.compat.overridden_losses`,
-:mod:`~mirrorkit.compat.batch_metrics`, :mod:`~mirrorkit.compat.batch_sums`,
-:mod:`~mirrorkit.compat.symbolic_names`, :mod:`~mirrorkit.compat.no_gradient_losses`,
-:mod:`~mirrorkit.compat.logged_losses`, :mod:`~mirrorkit.compat.symbolic_order`,
-:mod:`~mirrorkit.compat.step_metrics`, :mod:`~mirrorkit.compat.replica_random`,
-:mod:`~mirrorkit.compat.uneven_batches`, :mod:`~mirrorkit.compat.static_batches`,
-:mod:`~mirrorkit.compat.xla_cpu`. One more is a process setting, not a Keras
+module each of :mod:`mirrorkit.compat` (the ``make`` functions below name
+them). One more is a process setting, not a Keras
 patch (:mod:`~mirrorkit.compat.allocator`, ``malloc-thresholds``): :func:`apply`
 runs it and it is turned off by name like the others, but it is not in
 :data:`FIXES` and not in :func:`apply`'s result.
 
 Example:
     >>> sorted(FIXES)[:3]
-    ['cross-replica-step', 'empty-conv', 'generator-copies']
+    ['batch-sum-losses', 'batch-wide-metrics', 'cross-replica-step']
 """
 
 from __future__ import annotations
