@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 from mirrorkit.compat.overridden_losses import gather_batch
 
+
 def written_by_script(metric: Any) -> bool:
     """Is ``metric`` (a Keras metric object) one whose arithmetic Keras did not write?
 
@@ -47,7 +48,7 @@ def written_by_script(metric: Any) -> bool:
         True
     """
     def foreign(obj: Any) -> bool:
-        return not (getattr(obj, "__module__", None) or "").split(".")[0] == "keras"
+        return (getattr(obj, "__module__", None) or "").split(".")[0] != "keras"
 
     if foreign(type(metric)):
         return True

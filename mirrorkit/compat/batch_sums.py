@@ -40,6 +40,15 @@ from mirrorkit.compat import step_rows
 
 logger = logging.getLogger(__name__)
 
+# The layers already named for a loss the replicas cannot split (one line each).
+_WARNED: set[str] = set()
+
+# Per graph, the names of the values of Keras Losses reduced to a mean (sum
+# over batch size, mean): the divisor may be a static shape's product, which
+# the graph does not show as the batch size.
+_KERAS_MEANS: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
+_MEANS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
+
 # A tensor's state: independent of the batch, per-row (still carrying the
 # batch dimension), the batch shape vector, or a reduced value scaling like
 # rows**degree (an int). None: unknown.
@@ -92,6 +101,8 @@ class _Reader:
             return []
         op = tensor.op
         if op.type == "Placeholder":
+            if tensor.dtype.name == "resource":
+                return []
             outer = _captured(tensor)
             return [outer] if outer is not None else []
         if op.type in _SOURCES or op.type in ("Shape", "Size"):
@@ -214,17 +225,16 @@ def _factor(context: Any) -> Any:
     return tf.cast(total, tf.float32) / tf.cast(tf.maximum(rows.count, 1), tf.float32)
 
 
-def _rescaled(layer: Any, value: Any) -> Any:
+def _rescaled(layer: Any, value: Any, context: Any) -> Any:
     import tensorflow as tf
 
-    if not isinstance(value, tf.Tensor) or tf.executing_eagerly() or value.shape.rank != 0 \
-            or not value.dtype.is_floating:
+    if not isinstance(value, tf.Tensor) or value.shape.rank != 0 or not value.dtype.is_floating:
         return value
     rows = step_rows.current()
     reader = _Reader(rows.static if rows is not None else None)
     state = reader.state(value)
     if state == 1:
-        return value * tf.cast(_factor(tf.distribute.get_replica_context()), value.dtype)
+        return value * tf.cast(_factor(context), value.dtype)
     if state not in (INDEP, 0):
         name = getattr(layer, "name", type(layer).__name__)
         if name not in _WARNED:
@@ -232,18 +242,9 @@ def _rescaled(layer: Any, value: Any) -> Any:
             logger.warning(
                 "mirrorkit: layer %r adds a loss that depends on its whole batch in a way the "
                 "replicas cannot split (not a sum or mean over the batch): under %d replicas "
-                "its value differs from one device's", name,
-                tf.distribute.get_replica_context().num_replicas_in_sync)
+                "its value differs from one device's", name, context.num_replicas_in_sync)
     return value
 
-
-_WARNED: set[str] = set()
-
-# Per graph, the names of the values of Keras Losses reduced to a mean (sum
-# over batch size, mean): the divisor may be a static shape's product, which
-# the graph does not show as the batch size.
-_KERAS_MEANS: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
-_MEANS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
 
 
 def make_reduce_values(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -252,8 +253,8 @@ def make_reduce_values(original: Callable[..., Any]) -> Callable[..., Any]:
     def reduce_values(values: Any, sample_weight: Any = None,
                       reduction: str = "sum_over_batch_size") -> Any:
         loss = original(values, sample_weight=sample_weight, reduction=reduction)
-        if reduction in _MEANS and loss is not values and not _eager(loss) \
-                and hasattr(loss, "graph"):
+        # hasattr: an eager tensor (or a KerasTensor) has no graph to mark in.
+        if reduction in _MEANS and loss is not values and hasattr(loss, "graph"):
             _KERAS_MEANS.setdefault(loss.graph, set()).add(loss.name)
         return loss
 
@@ -269,6 +270,6 @@ def make(original: Callable[..., Any]) -> Callable[..., Any]:
         context = tf.distribute.get_replica_context()
         if context is None or context.num_replicas_in_sync <= 1 or tf.executing_eagerly():
             return original(self, loss)
-        return original(self, tf.nest.map_structure(lambda v: _rescaled(self, v), loss))
+        return original(self, tf.nest.map_structure(lambda v: _rescaled(self, v, context), loss))
 
     return add_loss
