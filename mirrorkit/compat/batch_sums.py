@@ -7,7 +7,9 @@ one that sums over it: keras.io's ``ActivityRegularizationLayer`` ("Training
 & evaluation with the built-in methods") adds ``ops.sum(inputs) * 0.1``, and
 each replica sums only its own slice, so under N replicas the term weighs
 1/N of plain Python's and the logged loss is not plain Python's (measured, 2
-replicas, one epoch: 6.25 logged vs 10.19).
+replicas, one epoch: 6.25 logged vs 10.19). So does a value with one entry
+per example, which Keras sums: keras.io's OCR example's ``CTCLayer`` adds
+its ``(batch, 1)`` CTC losses (2 replicas: 293.2 logged vs plain Python's 586.3).
 
 The fix reads the value's graph when a layer adds it inside a replica's
 step: how it scales with the batch rows, from the reductions over the batch
@@ -53,6 +55,10 @@ _MEANS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
 # batch dimension), the batch shape vector, or a reduced value scaling like
 # rows**degree (an int). None: unknown.
 INDEP, ROWS, SHAPE = "indep", "rows", "shape"
+# An integer or boolean tensor computed from sizes in a way not followed
+# (Tensordot's gathered dimensions, a range over the batch): only where it
+# shapes a new tensor does it matter, and that tensor is taken as per-row.
+SIZES = "sizes"
 
 _SOURCES = ("IteratorGetNext", "IteratorGetNextSync", "MultiDeviceIteratorGetNextFromShard",
             "OptionalGetValue")
@@ -93,7 +99,8 @@ class _Reader:
                 pending.extend(missing)
                 continue
             pending.pop()
-            self.states[top.ref()] = self._rule(top, [self.states[t.ref()] for t in inputs])
+            states = [self.states[t.ref()] for t in inputs]
+            self.states[top.ref()] = _sized(top, states, self._rule(top, states))
         return self.states[tensor.ref()]
 
     def _inputs(self, tensor: Any) -> list[Any]:
@@ -161,9 +168,28 @@ class _Reader:
             return INDEP
         if kind in ("Fill", "BroadcastTo", "ZerosLike", "OnesLike"):
             # A tensor shaped like the batch (tf.ones(tf.shape(x))) is per-row.
-            return ROWS if ROWS in states or SHAPE in states else None
+            return ROWS if {ROWS, SHAPE, SIZES} & set(states) else None
         floating = [s for s, t in zip(states, op.inputs) if t.dtype.is_floating]
         return _combine(kind, floating or states, tensor.shape.rank)
+
+
+def _sized(tensor: Any, states: list[Any], state: Any) -> Any:
+    """``state``, or what an unknown state means for a tensor made from sizes.
+
+    Shape arithmetic the rules do not follow (Tensordot's gathered
+    dimensions, a range over the batch) gives integer SIZES; a non-scalar
+    float made from sizes and batch-independent values only, with no row's
+    data in it (a dropout mask, a loop's stacked list, ``Empty``), is shaped
+    like the batch, as ``Fill`` is: per-row.
+    """
+    if state is not None or ROWS in states:
+        return state
+    if not tensor.dtype.is_floating:
+        return SIZES
+    if tensor.shape.rank != 0 and {SIZES, SHAPE} & set(states) and all(
+            s in (INDEP, SIZES, SHAPE) or isinstance(s, int) for s in states):
+        return ROWS
+    return None
 
 
 def _keras_mean(tensor: Any) -> bool:
@@ -185,7 +211,7 @@ def _degree(state: Any) -> int | None:
 
 
 def _combine(kind: str, states: list[Any], rank: int | None) -> Any:
-    if any(s is None or s == SHAPE for s in states):
+    if any(s is None or s in (SHAPE, SIZES) for s in states):
         return None
     if ROWS in states:
         # Row-wise arithmetic on per-row tensors stays per-row (integer inputs,
@@ -228,11 +254,16 @@ def _factor(context: Any) -> Any:
 def _rescaled(layer: Any, value: Any, context: Any) -> Any:
     import tensorflow as tf
 
-    if not isinstance(value, tf.Tensor) or value.shape.rank != 0 or not value.dtype.is_floating:
+    if not isinstance(value, tf.Tensor) or not value.dtype.is_floating:
         return value
     rows = step_rows.current()
     reader = _Reader(rows.static if rows is not None else None)
     state = reader.state(value)
+    if state == ROWS and value.shape.rank != 0:
+        # Per-example values (keras.io's OCR example adds CTC losses shaped
+        # (batch, 1)): Keras sums every element of an add_loss value, so
+        # over the rows too.
+        state = 1
     if state == 1:
         return value * tf.cast(_factor(context), value.dtype)
     if state not in (INDEP, 0):
