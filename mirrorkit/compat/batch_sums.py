@@ -65,6 +65,9 @@ _SOURCES = ("IteratorGetNext", "IteratorGetNextSync", "MultiDeviceIteratorGetNex
 _LINEAR = {"Identity", "Cast", "Neg", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
            "Snapshot", "EnsureShape"}
 _REDUCTIONS = {"Sum": 1, "Mean": 0}
+# A 2-D product of two per-row tensors: (batch, d) x (d, batch) scores every
+# pair of examples, (d, batch) x (batch, d) sums outer products over them.
+PAIRING = {"MatMul"}
 _OTHER_REDUCTIONS = {"Max", "Min", "Prod", "All", "Any", "ArgMax", "ArgMin", "EuclideanNorm"}
 
 
@@ -81,8 +84,10 @@ def _axes_include_batch(op: Any) -> bool | None:
 class _Reader:
     """Each tensor's state in one step's graph, memoised."""
 
-    def __init__(self, batch: int | None) -> None:
+    def __init__(self, batch: int | None, *, means: bool = True) -> None:
         self.batch = batch
+        # Whether a Keras Loss's mean is read as one (0) without looking inside.
+        self.means = means
         self.states: dict[Any, Any] = {}
 
     def state(self, tensor: Any) -> Any:
@@ -104,7 +109,7 @@ class _Reader:
         return self.states[tensor.ref()]
 
     def _inputs(self, tensor: Any) -> list[Any]:
-        if _eager(tensor) or _keras_mean(tensor):
+        if _eager(tensor) or (self.means and _keras_mean(tensor)):
             return []
         op = tensor.op
         if op.type == "Placeholder":
@@ -122,7 +127,7 @@ class _Reader:
 
         if _eager(tensor):      # a value captured from outside the step
             return INDEP
-        if _keras_mean(tensor):
+        if self.means and _keras_mean(tensor):
             return 0
         op, kind = tensor.op, tensor.op.type
         if kind in _SOURCES:
@@ -216,8 +221,10 @@ def _combine(kind: str, states: list[Any], rank: int | None) -> Any:
     if ROWS in states:
         # Row-wise arithmetic on per-row tensors stays per-row (integer inputs,
         # shapes and indices, are left out by the caller); mixing in a reduced
-        # value that scales with the batch couples the rows.
-        if any(isinstance(s, int) and s != 0 for s in states) or rank == 0:
+        # value that scales with the batch couples the rows, and so does a
+        # product of two per-row matrices (a similarity matrix pairs them).
+        if any(isinstance(s, int) and s != 0 for s in states) or rank == 0 \
+                or (kind in PAIRING and states.count(ROWS) == 2):
             return None
         return ROWS
     degrees = [_degree(s) for s in states]
@@ -238,6 +245,31 @@ def _captured(tensor: Any) -> Any:
         if internal is tensor:
             return external
     return None
+
+
+def row_pairings(value: Any) -> list[Any]:
+    """The products in ``value``'s graph that pair the examples of the step's batch.
+
+    Each is a 2-D ``MatMul`` of two per-row tensors (a contrastive loss's
+    similarity matrix, a cross-correlation over the batch): on N replicas
+    each replica pairs only its own slice's rows, which no weighting of its
+    result makes one device's.
+
+    Example:
+        >>> row_pairings(similarity_loss)                  # doctest: +SKIP
+        [<tf.Operation 'MatMul' type=MatMul>]
+    """
+    rows = step_rows.current()
+    # Into Keras Losses too: a Loss called on a similarity matrix pairs rows.
+    reader = _Reader(rows.static if rows is not None else None, means=False)
+    reader.state(value)
+    pairs = []
+    for ref in reader.states:
+        op = ref.deref().op
+        if op.type in PAIRING and len(op.inputs) == 2 \
+                and all(reader.states.get(t.ref()) == ROWS for t in op.inputs) and op not in pairs:
+            pairs.append(op)
+    return pairs
 
 
 def _factor(context: Any) -> Any:

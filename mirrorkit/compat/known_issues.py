@@ -257,11 +257,23 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "keras-batch-sum-losses", "keras", "3.0", None,
         "under N replicas Keras divides every add_loss value by N: right for a mean over the "
         "batch or a weight regularizer, but a value that sums over the batch (keras.io's "
-        "ActivityRegularizationLayer adds ops.sum(inputs) * 0.1) then weighs 1/N of plain "
+        "ActivityRegularizationLayer adds ops.sum(inputs) * 0.1), or has one value per "
+        "example, which Keras sums (keras.io's OCR CTCLayer), then weighs 1/N of plain "
         "Python's term in the gradients and the logged loss (2 replicas: 6.25 vs 10.19).",
         "compat fix 'batch-sum-losses' reads how the value scales with the batch from its "
         "graph and gives each replica its own sum; a value no weighting makes exact (a max "
         "over the batch) is named in one line.",
+        TESTED_KERAS,
+    ),
+    KnownIssue(
+        "keras-paired-step-losses", "keras", "3.0", None,
+        "under N replicas a loss that pairs the examples of its batch (a contrastive loss "
+        "scoring a (batch, batch) similarity matrix in a custom train_step, keras.io's "
+        "SimCLR) is computed by each replica over its own slice only: the loss and the "
+        "weight updates differ from one device's, with no error.",
+        "compat check 'paired-step-losses' names such a loss (a 2-D product of two per-row "
+        "tensors in what a gradient tape differentiates) once, with the fix: gather the "
+        "rows with all_gather before pairing them.",
         TESTED_KERAS,
     ),
     KnownIssue(

@@ -42,6 +42,7 @@ from mirrorkit.compat import (
     no_gradient_losses,
     on_batch,
     overridden_losses,
+    paired_losses,
     probes,
     replica_random,
     scalar_losses,
@@ -146,6 +147,8 @@ FIXES: dict[str, Fix] = {fix.name: fix for fix in (
         ("keras.src.layers.layer", "add_loss", "Layer"), batch_sums.make,
         # Stacks on layer-losses' wrapper of the same function.
         also=(("keras.src.losses.loss", "reduce_values", None, batch_sums.make_reduce_values),)),
+    Fix("paired-step-losses", "a step loss pairing its batch's examples differs silently",
+        ("tensorflow.python.eager.backprop", "gradient", "GradientTape"), paired_losses.make),
     # Stacks on no-call-build's wrapper of the same function.
     Fix("symbolic-build-names", "Invalid Input name (keras_tensor_",
         ("keras.src.trainers.trainer", "_symbolic_build", "Trainer"), symbolic_names.make),

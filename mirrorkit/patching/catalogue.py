@@ -152,8 +152,16 @@ _FIXES = (
          "its own sum",
          "keras-batch-sum-losses: under N replicas Keras divides every add_loss value by N, "
          "which for a value summing over the batch (keras.io's ActivityRegularizationLayer, "
-         "ops.sum(inputs) * 0.1) leaves 1/N of plain Python's term in the loss and the "
-         "gradients.", "tests/compat/test_batch_sums.py", tested=TESTED_LATEST),
+         "ops.sum(inputs) * 0.1; its OCR example's per-example CTC losses, which Keras sums) "
+         "leaves 1/N of plain Python's term in the loss and the gradients.", "tests/compat/test_batch_sums.py", tested=TESTED_LATEST),
+    _fix("paired-step-losses", ("tensorflow.python.eager.backprop.GradientTape.gradient",),
+         "in a replica's step of 2+ replicas, a loss whose graph multiplies two per-row "
+         "matrices (a similarity matrix pairing the batch's examples) is named once, with "
+         "the way to make it exact; the gradient is unchanged",
+         "keras-paired-step-losses: under N replicas a loss that pairs the examples of its "
+         "batch (keras.io's SimCLR contrastive loss in a custom train_step) sees only the "
+         "replica's slice, so loss and updates differ from one device's with no error.",
+         "tests/compat/test_paired_losses.py", tested=TESTED_LATEST),
     _fix("symbolic-build-names", ("keras.src.trainers.trainer.Trainer._symbolic_build",
                                   "keras.src.backend.compute_output_spec (during the build)"),
          "the throwaway symbolic tensors of the build before the first step leave Keras's "

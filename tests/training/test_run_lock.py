@@ -129,9 +129,31 @@ def _train(out: Path, *args: str, env: dict[str, str] | None = None) -> subproce
                             stderr=subprocess.PIPE, text=True)
 
 
+# Both runs import TensorFlow and mirrorkit first, then wait for each other,
+# then run `mirrorkit train`: they reach the existing-run check together,
+# however unevenly a loaded machine starts two processes.
+_ALIGNED = """
+import pathlib, sys, time
+import keras, tensorflow, mirrorkit.cli, mirrorkit.training.job
+barrier = pathlib.Path(sys.argv[1])
+(barrier / str(time.time_ns())).touch()
+deadline = time.monotonic() + 300
+while len(list(barrier.iterdir())) < 2 and time.monotonic() < deadline:
+    time.sleep(0.005)
+sys.argv = ["mirrorkit", *sys.argv[2:]]
+mirrorkit.cli.main()
+"""
+
+
 def _both(out: Path, *args: str, env: dict[str, str] | None = None) -> list[str]:
-    """Start two runs at once; their outputs once both have ended."""
-    procs = [_train(out, *args, env=env), _train(out, *args, env=env)]
+    """Start two runs that reach `mirrorkit train` at once; their outputs once both have ended."""
+    barrier = out.parent / f"{out.name}.barrier"
+    barrier.mkdir(parents=True)
+    command = [sys.executable, "-c", _ALIGNED, str(barrier), "train", *TRAIN, "--output",
+               str(out), *args]
+    procs = [subprocess.Popen(command, cwd=str(out.parent), env=clean_env(**(env or {})),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
     return ["".join(p.communicate(timeout=600)) for p in procs]
 
 
@@ -154,9 +176,9 @@ def _history_well_formed(out: Path) -> list[int]:
 
 @pytest.mark.slow
 def test_control_without_the_lock_two_runs_write_one_folder(tmp_path):
-    # The issue's case, with the guard turned off: both runs write S. A race:
-    # on a loaded machine the second may start after the first wrote its
-    # metrics, and the older existing-run check refuses it; three tries.
+    # The issue's case, with the guard turned off: both runs write S. Still a
+    # race (aligned, the two reach the existing-run check together, but one
+    # could write its first file before the other checks); three tries.
     starts: list[int] = []
     for attempt in range(3):
         out = tmp_path / f"S{attempt}"
