@@ -62,6 +62,7 @@ SIZES = "sizes"
 
 _SOURCES = ("IteratorGetNext", "IteratorGetNextSync", "MultiDeviceIteratorGetNextFromShard",
             "OptionalGetValue")
+_COLLECTIVES = ("Collective", "Nccl")
 _LINEAR = {"Identity", "Cast", "Neg", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
            "Snapshot", "EnsureShape"}
 _REDUCTIONS = {"Sum": 1, "Mean": 0}
@@ -117,6 +118,8 @@ class _Reader:
                 return []
             outer = _captured(tensor)
             return [outer] if outer is not None else []
+        if op.type.startswith(_COLLECTIVES):
+            return []
         if op.type in _SOURCES or op.type in ("Shape", "Size"):
             # What a Shape reads is only whether its input is per-row.
             return list(op.inputs[:1]) if op.type in ("Shape", "Size") else []
@@ -132,6 +135,10 @@ class _Reader:
         op, kind = tensor.op, tensor.op.type
         if kind in _SOURCES:
             return ROWS
+        if kind.startswith(_COLLECTIVES):
+            # all_gather / all-reduce: the same value on every replica, not this
+            # replica's rows (a loss over the gathered batch pairs every row).
+            return INDEP
         if kind == "Placeholder":
             if states:
                 return states[0]
