@@ -9,7 +9,7 @@ from one device's, with no error. A compiled ``keras.losses.Loss`` that
 overrides ``__call__`` gets the global batch (``overridden-loss-call``); a
 loss computed inside a custom ``train_step`` cannot be rewritten from
 outside. This check reads the graph of what a gradient tape differentiates
-in a replica's step (:func:`mirrorkit.compat.batch_sums.row_pairings`) and
+in a replica's step (:func:`mirrorkit.compat.batch_graph.row_pairings`) and
 names, once per product, a 2-D matrix product of two per-row tensors, with
 the way to make it exact (gather the rows: ``all_gather``). The gradient is
 returned as computed.
@@ -45,13 +45,13 @@ def _where(op: Any) -> str:
 def _check(target: Any, replicas: int) -> None:
     import tensorflow as tf
 
-    from mirrorkit.compat import batch_sums
+    from mirrorkit.compat import batch_graph
 
     for value in tf.nest.flatten(target):
         if not isinstance(value, tf.Tensor) or not value.dtype.is_floating \
                 or not hasattr(value, "graph"):
             continue
-        for op in batch_sums.row_pairings(value):
+        for op in batch_graph.row_pairings(value):
             where = _where(op)
             if where in _NAMED:
                 continue
