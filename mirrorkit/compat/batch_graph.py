@@ -201,8 +201,10 @@ def _sized(tensor: Any, states: list[Any], state: Any) -> Any:
         return ROWS
     return None
 
+
 def _keras_mean(tensor: Any) -> bool:
     return tensor.name in _KERAS_MEANS.get(tensor.graph, ())
+
 
 def _batch_multiple(value: float, batch: int) -> bool:
     return value >= batch and value.is_integer() and int(value) % batch == 0
