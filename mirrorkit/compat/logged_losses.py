@@ -16,9 +16,19 @@ while a gradient tape records) and, when exactly such a value reaches
 ``keras.metrics.Mean.update_state``, logs N times it: the Mean's
 cross-replica average is then the global loss, what one device logs. The
 gradient is untouched (nothing on the loss's path changes). A value derived
-from the share (``loss * 2``, ``loss + other``) is not recognised and still
-logs its share; ``keras.metrics.Sum`` needs nothing (its cross-replica sum of
-the shares is the global loss already).
+from the share and handed to a Mean is not recognised and still logs its
+share (Keras's own ``train_step`` hands its Mean the share times N, already
+whole); ``keras.metrics.Sum`` needs nothing (its cross-replica sum of the
+shares is the global loss already).
+
+A step can also return its losses in its logs, as keras.io's "Knowledge
+distillation" does (``{"student_loss": student_loss, "distillation_loss":
+kl * temperature**2}``): Keras averages each log over the replicas, which
+makes a share 1/N of the global value. A log that is a share, or a sum of
+shares each times a factor that depends on no share (``alpha * a + (1 -
+alpha) * b``, ``kl * t**2``), is logged N times over: its replica average is
+then the global value. Any other log (a metric's result, a product of two
+shares) is left as it is.
 
 Example:
     >>> from keras.src.metrics import reduction_metrics             # doctest: +SKIP
@@ -90,6 +100,8 @@ def make_update_state(original: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap ``keras.metrics.Mean.update_state`` (``original``): log a share as the whole."""
 
     def update_state(self: Any, values: Any, sample_weight: Any = None) -> Any:
+        # The share itself only: Keras's own train_step hands its Mean the
+        # share times N (unscale_loss_for_distribution), already whole.
         n = share_of(values)
         if n:
             from keras import ops
@@ -98,3 +110,101 @@ def make_update_state(original: Callable[..., Any]) -> Callable[..., Any]:
         return original(self, values, sample_weight=sample_weight)
 
     return update_state
+
+
+# Ops through which a log stays a share's multiple: one input carries it.
+_SAME = frozenset({"Identity", "Cast", "Neg"})
+_TIMES = frozenset({"Mul", "RealDiv", "DivNoNan"})
+_SUMS = frozenset({"AddV2", "Add", "Sub", "AddN"})
+# How far back a log is followed (the ops between a loss and a log are few).
+_MAX_OPS = 200
+
+
+def _free_of_shares(tensor: Any, seen: set) -> bool:
+    stack = [tensor]
+    while stack:
+        t = stack.pop()
+        if share_of(t):
+            return False
+        if t.op.name in seen:
+            continue
+        seen.add(t.op.name)
+        if len(seen) > _MAX_OPS:
+            return False
+        stack.extend(t.op.inputs)
+    return True
+
+
+def linear_share(value: Any, _seen: set | None = None) -> int:
+    """N when ``value`` is a sum of N-replica loss shares times share-free factors, else 0.
+
+    Example:
+        >>> linear_share(2.0)
+        0
+    """
+    n = share_of(value)
+    if n or not hasattr(value, "op") or not hasattr(value, "graph"):
+        return n
+    try:
+        op = value.op
+    except AttributeError:      # an eager tensor
+        return 0
+    seen = set() if _seen is None else _seen
+    if len(seen) > _MAX_OPS:
+        return 0
+    seen.add(op.name)
+    inputs = list(op.inputs)
+    if op.type in _SAME and inputs:
+        return linear_share(inputs[0], seen)
+    if op.type in _TIMES and len(inputs) == 2:
+        # A share divides, it is not the divisor.
+        carriers = inputs[:1] if op.type != "Mul" else inputs
+        for carrier in carriers:
+            other = inputs[1] if carrier is inputs[0] else inputs[0]
+            n = linear_share(carrier, seen)
+            if n and _free_of_shares(other, set()):
+                return n
+        return 0
+    if op.type in _SUMS and inputs:
+        found = {linear_share(t, seen) for t in inputs}
+        return found.pop() if len(found) == 1 else 0
+    return 0
+
+
+def _whole(value: Any) -> Any:
+    n = linear_share(value)
+    if not n:
+        return value
+    from keras import ops
+
+    return ops.multiply(value, ops.cast(n, value.dtype))
+
+
+def make_make_function(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``TensorFlowTrainer._make_function`` (``original``): a step's logged shares, whole.
+
+    Example:
+        >>> from keras.src.backend.tensorflow import trainer         # doctest: +SKIP
+        >>> patched = make_make_function(trainer.TensorFlowTrainer._make_function)  # doctest: +SKIP
+    """
+
+    def _make_function(self: Any, step_function: Callable[..., Any]) -> Any:
+        from tensorflow.python.autograph.core import ag_ctx
+        from tensorflow.python.autograph.impl import api as autograph
+
+        @autograph.do_not_convert
+        def step(data: Any) -> Any:
+            # Converted as strategy.run would have converted the step itself.
+            converted = autograph.tf_convert(step_function, ag_ctx.control_status_ctx(),
+                                             convert_by_default=False)
+            logs = converted(data)
+            if not _SHARES:
+                return logs
+            import tensorflow as tf
+
+            return tf.nest.map_structure(_whole, logs)
+
+        return original(self, step)
+
+    return _make_function
+

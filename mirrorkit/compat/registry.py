@@ -162,7 +162,10 @@ FIXES: dict[str, Fix] = {fix.name: fix for fix in (
         logged_losses.make_update_state,
         also=(("keras.src.losses.loss", "__call__", "Loss", logged_losses.make_loss_call),
               ("keras.src.trainers.trainer", "compute_loss", "Trainer",
-               logged_losses.make_compute_loss))),
+               logged_losses.make_compute_loss),
+              # Stacks on multi-step's wrapper of the same method.
+              (_TRAINER, "_make_function", "TensorFlowTrainer",
+               logged_losses.make_make_function))),
     # Stacks on symbolic-build's wrapper of the same method.
     Fix("symbolic-build-order", "fit trains in another data order under a strategy",
         (_TRAINER, "_maybe_symbolic_build", "TensorFlowTrainer"), symbolic_order.make),

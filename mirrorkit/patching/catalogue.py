@@ -179,11 +179,14 @@ _FIXES = (
          "one-device value.", "tests/compat/test_step_losses.py"),
     _fix("logged-step-losses", ("keras.src.metrics.reduction_metrics.Mean.update_state",
                                 f"{_LOSS}.Loss.__call__",
-                                "keras.src.trainers.trainer.Trainer.compute_loss"),
+                                "keras.src.trainers.trainer.Trainer.compute_loss",
+                                f"{_TRAINER}._make_function"),
          "a Mean metric given a training step's loss share (a Loss call's or compute_loss's "
-         "own result) logs N times it: the one-device loss",
+         "own result) logs N times it, and so does a step's returned log that is a sum of "
+         "shares times share-free factors: the one-device loss",
          "keras-logged-step-loss: under N replicas a custom train_step that logs the loss it "
-         "computed with a keras.metrics.Mean reports 1/N of the one-device loss.",
+         "computed, with a keras.metrics.Mean or in its returned logs, reports 1/N of the "
+         "one-device loss.",
          "tests/compat/test_step_losses.py"),
     _fix("symbolic-build-order", (f"{_TRAINER}._maybe_symbolic_build",),
          "builds the model from the input's element_spec instead of a peeked batch (else "

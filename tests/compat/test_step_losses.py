@@ -74,7 +74,7 @@ def test_every_case_logs_and_trains_as_on_one_device(fixed_runs, n):
     status, runs = fixed_runs
     assert status == dict.fromkeys(FIXES, "applied")
     cases = {key.rsplit("-", 1)[0] for key in runs}
-    assert len(cases) == 9
+    assert len(cases) == 10
     for case in cases:
         rel = FLOAT16 if "mixed" in case else FLOAT32
         assert _same(runs[f"{case}-{n}"], runs[f"{case}-1"], rel), \
@@ -86,7 +86,7 @@ def test_every_case_logs_and_trains_as_on_one_device(fixed_runs, n):
 def test_without_the_fixes_upstream_logs_a_share_and_weights_go_astray(tmp_path):
     # Only the cases asserted on below.
     status, runs = _runs(tmp_path, 2, cases=("custom_test", "custom_train", "custom_train_loss_fn",
-                                             "batch_logs", "scalar_weighted"),
+                                             "returned_logs", "batch_logs", "scalar_weighted"),
                          MIRRORKIT_COMPAT_DISABLE=",".join(FIXES))
     assert status == dict.fromkeys(FIXES, "disabled")
     # A Loss where no gradient is taken, and a custom step's logged loss: 1/2 ...
@@ -96,6 +96,11 @@ def test_without_the_fixes_upstream_logs_a_share_and_weights_go_astray(tmp_path)
         one, two = runs[f"{case}-1"], runs[f"{case}-2"]
         assert two["fit_loss"] == pytest.approx([v / 2 for v in one["fit_loss"]], rel=1e-5)
         assert two["kernel"] == pytest.approx(one["kernel"], rel=1e-5)  # ... same training
+    # A step's returned losses too, as they are, times a constant, and their total.
+    one, two = runs["returned_logs-1"], runs["returned_logs-2"]
+    for key in ("mse", "scaled", "loss"):
+        assert two[key] == pytest.approx([v / 2 for v in one[key]], rel=1e-5), key
+    assert two["kernel"] == pytest.approx(one["kernel"], rel=1e-5)
     # Batch-end logs: the average of the replicas' own results, not the batch's.
     assert not _same(runs["batch_logs-2"]["batch_logs"], runs["batch_logs-1"]["batch_logs"],
                      1e-4)
