@@ -143,12 +143,10 @@ def linear_share(value: Any, _seen: set | None = None) -> int:
         0
     """
     n = share_of(value)
+    # An eager tensor has no op (hasattr is False): only a share itself counts.
     if n or not hasattr(value, "op") or not hasattr(value, "graph"):
         return n
-    try:
-        op = value.op
-    except AttributeError:      # an eager tensor
-        return 0
+    op = value.op
     seen = set() if _seen is None else _seen
     if len(seen) > _MAX_OPS:
         return 0

@@ -74,7 +74,7 @@ def _multi_step(model: Any, step_function: Callable[..., Any], strategy: Any) ->
         # before the loop would be traced and held in the graph a second time
         # (the first batch has static shapes, the optional's are looser), and
         # the first call would take 2x as long (ResNet-20 on 2 replicas, 3
-        # steps per call: 17 s against 10 s). So the first batch enters the
+        # steps per call: 17 s against 7 s). So the first batch enters the
         # loop as an optional with the spec of those the loop fetches.
         current = tf.experimental.Optional.from_value(first)
         spec = looser_spec(current.element_spec, following.element_spec)
