@@ -76,15 +76,20 @@ class Reader:
 
     ``batch`` is the replica's static batch size (a constant that is a
     multiple of it counts as a batch size), or None; ``means=False`` reads
-    inside a Keras Loss's mean instead of taking it as one (0).
+    inside a Keras Loss's mean instead of taking it as one (0);
+    ``global_batch``, when given, is a constant the script divides by to
+    average over every replica's rows (plain Python's batch size), so it is
+    not this replica's size.
 
     Example:
         >>> Reader(16).state(add_loss_value)                # doctest: +SKIP
         1
     """
 
-    def __init__(self, batch: int | None, *, means: bool = True) -> None:
+    def __init__(self, batch: int | None, *, means: bool = True,
+                 global_batch: int | None = None) -> None:
         self.batch = batch
+        self.global_batch = global_batch
         # Whether a Keras Loss's mean is read as one (0) without looking inside.
         self.means = means
         self.states: dict[Any, Any] = {}
@@ -145,17 +150,10 @@ class Reader:
                 return INDEP
             return ROWS
         if kind == "Const":
-            value = tf.get_static_value(tensor)
-            if self.batch is not None and self.batch > 1 and value is not None \
-                    and value.size == 1 and _batch_multiple(float(value.ravel()[0]), self.batch):
-                # The per-replica batch size (or a size of a batch-shaped
-                # tensor) written as a number by a static shape. A constant
-                # that only happens to be one is taken for a batch size too:
-                # the value is then left as Keras scales it.
-                return 1
-            return INDEP
+            return 1 if self._batch_size(tensor) else INDEP
         if all(s == INDEP for s in states):
-            return INDEP
+            # tf.shape(x)[0] of a static shape: a slice of a constant vector.
+            return 1 if kind == "StridedSlice" and self._batch_size(tensor) else INDEP
         if kind in ("Shape", "Size"):
             if states[0] != ROWS:
                 return INDEP
@@ -181,6 +179,19 @@ class Reader:
             return ROWS if {ROWS, SHAPE, SIZES} & set(states) else None
         floating = [s for s, t in zip(states, op.inputs) if t.dtype.is_floating]
         return _combine(kind, floating or states, tensor.shape.rank)
+
+
+    def _batch_size(self, tensor: Any) -> bool:
+        import tensorflow as tf
+
+        value = tf.get_static_value(tensor)
+        # The per-replica batch size (or a size of a batch-shaped tensor)
+        # written as a number by a static shape. A constant that only happens
+        # to be one is taken for a batch size too: the value is then left as
+        # Keras scales it.
+        return self.batch is not None and self.batch > 1 and value is not None \
+            and value.size == 1 and _batch_multiple(float(value.ravel()[0]), self.batch) \
+            and float(value.ravel()[0]) != self.global_batch
 
 
 def _sized(tensor: Any, states: list[Any], state: Any) -> Any:

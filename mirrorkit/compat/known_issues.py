@@ -304,6 +304,12 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         TESTED_KERAS,
     ),
     KnownIssue(
+        "keras-hand-mean-gradients", "keras", "3.0", None,
+        "under N replicas a loss a custom train_step averages by hand (ops.mean, keras.io's "
+        "VAE) is not divided by N: the summed gradient is N times one device's.",
+        "compat fix 'hand-mean-gradients' weighs such a mean's gradient by 1/N.", TESTED_KERAS,
+    ),
+    KnownIssue(
         "keras-symbolic-build-order", "keras", "3.0", None,
         "under any tf.distribute strategy fit peeks at one batch before training, drawing the "
         "input's randomness once more: a reshuffled tf.data pipeline or a shuffling PyDataset "
@@ -334,8 +340,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "augmentation and keras.random numbers (one SeedGenerator state, the replica's own "
         "slice shape): replica 0 gets the first rows of one device's draw and the others "
         "repeat them, so training is silently less random than on one device.",
-        "compat fix 'replica-random' gives each replica its own rows of the global batch's "
-        "draw.",
+        "compat fix 'replica-random' gives each replica its own rows of the global draw.",
         TESTED_KERAS,
     ),
     KnownIssue(

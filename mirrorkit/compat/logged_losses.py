@@ -1,34 +1,34 @@
 """The ``logged-step-losses`` fix: a custom ``train_step`` that logs its loss logs one device's value.
 
 Inside a training step under N replicas a reduced Keras loss is each
-replica's *share* of the global loss (Keras divides it by N, see
-:mod:`mirrorkit.compat.no_gradient_losses`), so that summing the replicas'
-gradients gives the global gradient. Keras's own ``train_step`` multiplies
-the share back before logging it. A custom ``train_step`` written as the
-keras.io guides write it --
+replica's *share* of the global loss (:mod:`mirrorkit.compat.shares`).
+Keras's own ``train_step`` multiplies the share back before logging it. A
+custom ``train_step`` written as the keras.io guides write it --
 ``loss = self.compute_loss(y=y, y_pred=y_pred)`` or ``loss = self.loss_fn(y, p)``
 inside the tape, then ``self.loss_tracker.update_state(loss)`` -- logs the
-share: 1/N of the one-device loss, while training correctly.
+share: 1/N of the one-device loss, while training correctly. A step can
+also return its losses in its logs, as keras.io's "Knowledge distillation"
+does (``{"student_loss": student_loss, "distillation_loss": kl * temperature**2}``):
+Keras averages each log over the replicas, which makes a share 1/N of the
+global value too.
 
-The fix remembers the shares (the rank-0 result of a ``keras.losses.Loss``
-call or of ``Model.compute_loss`` in a replica context of N > 1 replicas
-while a gradient tape records) and, when exactly such a value reaches
-``keras.metrics.Mean.update_state``, logs N times it: the Mean's
-cross-replica average is then the global loss, what one device logs. The
-gradient is untouched (nothing on the loss's path changes). A value derived
-from the share and handed to a Mean is not recognised and still logs its
-share (Keras's own ``train_step`` hands its Mean the share times N, already
-whole); ``keras.metrics.Sum`` needs nothing (its cross-replica sum of the
-shares is the global loss already).
-
-A step can also return its losses in its logs, as keras.io's "Knowledge
-distillation" does (``{"student_loss": student_loss, "distillation_loss":
-kl * temperature**2}``): Keras averages each log over the replicas, which
-makes a share 1/N of the global value. A log that is a share, or a sum of
-shares each times a factor that depends on no share (``alpha * a + (1 -
-alpha) * b``, ``kl * t**2``), is logged N times over: its replica average is
-then the global value. Any other log (a metric's result, a product of two
-shares) is left as it is.
+The fix records the shares where they are made (a ``keras.losses.Loss``
+call, ``Model.compute_loss``, ``tf.nn.compute_average_loss`` and
+``tf.nn.scale_regularization_loss``) and, in Keras's step, reads a value
+handed to ``keras.metrics.Mean.update_state`` or returned as a log with
+:mod:`mirrorkit.compat.loss_parts`: its share parts and its sums over the
+replica's rows are logged N times over (the replicas' average is then one
+device's value), its means and batch-independent parts as they are
+(``alpha * a + (1 - alpha) * b`` of two shares, ``kl * t**2``, a share plus
+a hand-written mean: each part as one device logs it). What Keras's own
+``train_step`` hands its loss tracker (``unscale_loss_for_distribution``,
+the share times N) is whole already; where ``compute_loss`` is overridden
+with a hand-written mean, that multiplication is the logged loss's error
+(N times one device's), and the fix unscales only the share parts. Any other
+value (a metric's result, a product of two shares) is left as it is; so
+is a value outside Keras's step (a custom loop's ``strategy.run``) unless it
+is a share itself. ``keras.metrics.Sum`` needs nothing (its cross-replica
+sum of the shares is the global loss already). The gradient is untouched.
 
 Example:
     >>> from keras.src.metrics import reduction_metrics             # doctest: +SKIP
@@ -37,145 +37,143 @@ Example:
 
 from __future__ import annotations
 
-import weakref
+import logging
 from typing import Any, Callable
 
+from mirrorkit.compat import loss_parts, shares, step_calls
 from mirrorkit.compat.no_gradient_losses import gradient_possible
 
-# id(tensor) -> (weak reference to it, replicas it is a share of).
-_SHARES: dict[int, tuple[weakref.ref, int]] = {}
+logger = logging.getLogger(__name__)
 
-
-def _replicas_if_share() -> int:
-    """The replica count when a loss computed here is a share of the global loss, else 0."""
-    import tensorflow as tf
-
-    if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
-        return 0
-    n = int(tf.distribute.get_strategy().num_replicas_in_sync)
-    return n if n > 1 and gradient_possible() else 0
-
-
-def _remember(value: Any) -> Any:
-    n = _replicas_if_share()
-    if n and tuple(getattr(value, "shape", (None,)) or ()) == ():
-        try:
-            key = id(value)
-            _SHARES[key] = (weakref.ref(value, lambda _r, k=key: _SHARES.pop(k, None)), n)
-        except TypeError:
-            pass  # a value that takes no weak reference (a Python float): not a tensor
-    return value
-
-
-def share_of(value: Any) -> int:
-    """How many replicas ``value`` is a share of (0: not a remembered share).
-
-    Example:
-        >>> share_of(1.0)
-        0
-    """
-    found = _SHARES.get(id(value))
-    return found[1] if found is not None and found[0]() is value else 0
+_LOGGED_N_TIMES = frozenset({loss_parts.SHARE, loss_parts.SUM})
 
 
 def make_loss_call(original: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap ``keras.losses.Loss.__call__`` (``original``): remember a share."""
 
     def __call__(self: Any, y_true: Any, y_pred: Any, sample_weight: Any = None) -> Any:
-        return _remember(original(self, y_true, y_pred, sample_weight=sample_weight))
+        return shares.remember(original(self, y_true, y_pred, sample_weight=sample_weight))
 
     return __call__
+
+
+def make_share(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a function whose rank-0 result is a share by construction: remember it.
+
+    ``tf.nn.compute_average_loss`` (without ``global_batch_size`` it divides
+    by the replica's rows times N) and ``tf.nn.scale_regularization_loss``
+    (divides by N) return what Keras's own loss scaling returns: a share.
+
+    Example:
+        >>> import tensorflow as tf                                   # doctest: +SKIP
+        >>> patched = make_share(tf.nn.compute_average_loss)         # doctest: +SKIP
+    """
+
+    def share(*args: Any, **kwargs: Any) -> Any:
+        return shares.remember(original(*args, **kwargs))
+
+    return share
 
 
 def make_compute_loss(original: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap ``Trainer.compute_loss`` (``original``): remember a share."""
 
     def compute_loss(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return _remember(original(self, *args, **kwargs))
+        return shares.remember(original(self, *args, **kwargs))
 
     return compute_loss
+
+
+def _context_to_read(value: Any) -> Any:
+    """The replica context when ``value`` is a Keras step's scalar to read, else None."""
+    import tensorflow as tf
+
+    if not step_calls.in_keras_step() or not isinstance(value, tf.Tensor) \
+            or not hasattr(value, "graph") or not value.dtype.is_floating \
+            or value.shape.rank != 0:
+        return None
+    context = tf.distribute.get_replica_context()
+    return context if context is not None and context.num_replicas_in_sync > 1 else None
+
+
+def whole(value: Any) -> Any:
+    """``value`` as one device logs it: its share and sum parts N times over.
+
+    Example:
+        >>> whole(1.0)
+        1.0
+    """
+    n = shares.share_of(value)
+    if n:
+        from keras import ops
+
+        return ops.multiply(value, ops.cast(n, value.dtype))
+    context = _context_to_read(value)
+    if context is None or shares.is_whole(value):
+        return value
+    try:
+        n_times = loss_parts.reader(context).split(value, _LOGGED_N_TIMES)
+    except Exception:  # noqa: BLE001 -- reading a log must never fail the step
+        logger.debug("mirrorkit: could not read a step's log", exc_info=True)
+        return value
+    if not n_times:
+        return value
+    extra = loss_parts.combined(n_times, value.dtype)
+    return value + (context.num_replicas_in_sync - 1) * extra
 
 
 def make_update_state(original: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap ``keras.metrics.Mean.update_state`` (``original``): log a share as the whole."""
 
     def update_state(self: Any, values: Any, sample_weight: Any = None) -> Any:
-        # The share itself only: Keras's own train_step hands its Mean the
-        # share times N (unscale_loss_for_distribution), already whole.
-        n = share_of(values)
-        if n:
-            from keras import ops
-
-            values = ops.multiply(values, ops.cast(n, values.dtype))
+        # A weighted value is Keras's own loss tracker's (already whole) or the
+        # script's weighing, which N times over would change: a share only.
+        if sample_weight is None or shares.share_of(values):
+            values = whole(values)
         return original(self, values, sample_weight=sample_weight)
 
     return update_state
 
 
-# Ops through which a log stays a share's multiple: one input carries it.
-_SAME = frozenset({"Identity", "Cast", "Neg"})
-_TIMES = frozenset({"Mul", "RealDiv", "DivNoNan"})
-_SUMS = frozenset({"AddV2", "Add", "Sub", "AddN"})
-# How far back a log is followed (the ops between a loss and a log are few).
-_MAX_OPS = 200
+def make_step_loss(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``Trainer._compute_loss`` (``original``): remember the loss Keras's step logs."""
+
+    def _compute_loss(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return shares.remember_step_loss(original(self, *args, **kwargs))
+
+    return _compute_loss
 
 
-def _free_of_shares(tensor: Any, seen: set) -> bool:
-    stack = [tensor]
-    while stack:
-        t = stack.pop()
-        if share_of(t):
-            return False
-        if t.op.name in seen:
-            continue
-        seen.add(t.op.name)
-        if len(seen) > _MAX_OPS:
-            return False
-        stack.extend(t.op.inputs)
-    return True
+def make_unscale(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Wrap ``unscale_loss_for_distribution`` (``original``): only the share parts times N.
 
-
-def linear_share(value: Any, _seen: set | None = None) -> int:
-    """N when ``value`` is a sum of N-replica loss shares times share-free factors, else 0.
-
-    Example:
-        >>> linear_share(2.0)
-        0
+    Keras's ``train_step`` logs ``unscale(self._compute_loss(...))``; an
+    overridden ``compute_loss`` that averages by hand returns no share, which
+    Keras would log N times over. Other callers (``layer-losses``) are left
+    to Keras's function.
     """
-    n = share_of(value)
-    # An eager tensor has no op (hasattr is False): only a share itself counts.
-    if n or not hasattr(value, "op") or not hasattr(value, "graph"):
-        return n
-    op = value.op
-    seen = set() if _seen is None else _seen
-    if len(seen) > _MAX_OPS:
-        return 0
-    seen.add(op.name)
-    inputs = list(op.inputs)
-    if op.type in _SAME and inputs:
-        return linear_share(inputs[0], seen)
-    if op.type in _TIMES and len(inputs) == 2:
-        # A share divides, it is not the divisor.
-        carriers = inputs[:1] if op.type != "Mul" else inputs
-        for carrier in carriers:
-            other = inputs[1] if carrier is inputs[0] else inputs[0]
-            n = linear_share(carrier, seen)
-            if n and _free_of_shares(other, set()):
-                return n
-        return 0
-    if op.type in _SUMS and inputs:
-        found = {linear_share(t, seen) for t in inputs}
-        return found.pop() if len(found) == 1 else 0
-    return 0
+
+    def unscale(value: Any) -> Any:
+        if not gradient_possible() or _context_to_read(value) is None:
+            return original(value)
+        out = None
+        if shares.is_step_loss(value) and not shares.share_of(value):
+            try:
+                kind = loss_parts.reader(_context_to_read(value)).kind(value)
+            except Exception:  # noqa: BLE001 -- reading a log must never fail the step
+                kind = loss_parts.SHARE
+            out = whole(value) if kind != loss_parts.SHARE else None
+        # Whole either way: a Loss called in a layer is unscaled by layer-losses
+        # here, and is no share when its call returns.
+        return shares.remember_whole(original(value) if out is None else out)
+
+    return unscale
 
 
-def _whole(value: Any) -> Any:
-    n = linear_share(value)
-    if not n:
-        return value
-    from keras import ops
+def _logged(call: Callable[[Any], Any], data: Any) -> Any:
+    import tensorflow as tf
 
-    return ops.multiply(value, ops.cast(n, value.dtype))
+    return tf.nest.map_structure(whole, call(data))
 
 
 def make_make_function(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -187,22 +185,6 @@ def make_make_function(original: Callable[..., Any]) -> Callable[..., Any]:
     """
 
     def _make_function(self: Any, step_function: Callable[..., Any]) -> Any:
-        from tensorflow.python.autograph.core import ag_ctx
-        from tensorflow.python.autograph.impl import api as autograph
-
-        @autograph.do_not_convert
-        def step(data: Any) -> Any:
-            # Converted as strategy.run would have converted the step itself.
-            converted = autograph.tf_convert(step_function, ag_ctx.control_status_ctx(),
-                                             convert_by_default=False)
-            logs = converted(data)
-            if not _SHARES:
-                return logs
-            import tensorflow as tf
-
-            return tf.nest.map_structure(_whole, logs)
-
-        return original(self, step)
+        return original(self, step_calls.around(step_function, _logged))
 
     return _make_function
-

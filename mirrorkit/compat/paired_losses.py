@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 _NAMED: set[str] = set()
 
 
-def _where(op: Any) -> str:
+def where(op: Any) -> str:
     """The script's line that made ``op`` (``file.py:12 in train_step``), else its name."""
     libraries = ("tensorflow", "keras", "mirrorkit", "site-packages", "dist-packages")
     for frame in reversed(list(getattr(op, "traceback", None) or ())):
@@ -52,17 +52,17 @@ def _check(target: Any, replicas: int) -> None:
                 or not hasattr(value, "graph"):
             continue
         for op in batch_graph.row_pairings(value):
-            where = _where(op)
-            if where in _NAMED:
+            place = where(op)
+            if place in _NAMED:
                 continue
-            _NAMED.add(where)
+            _NAMED.add(place)
             logger.warning(
                 "mirrorkit: the loss this step differentiates pairs the examples of its batch "
                 "(%s multiplies two per-row tensors, as a contrastive similarity matrix does): "
                 "under %d replicas each replica pairs only its own slice's rows, so the loss "
                 "and the weight updates differ from one device's. To make it exact, gather "
                 "the rows before pairing them "
-                "(tf.distribute.get_replica_context().all_gather(x, axis=0)).", where, replicas)
+                "(tf.distribute.get_replica_context().all_gather(x, axis=0)).", place, replicas)
 
 
 def make(original: Callable[..., Any]) -> Callable[..., Any]:

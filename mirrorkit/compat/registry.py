@@ -8,12 +8,11 @@ needed, and can be turned off by name (``apply(disable=[...])``,
 ``MIRRORKIT_COMPAT=off``, ``MIRRORKIT_COMPAT_DISABLE=a,b``). A fix whose
 target is gone from Keras is reported ``unavailable`` with one warning, and
 the feature that depends on it turns itself off (:func:`works`); creating a
-strategy never fails because of a fix. The fixes themselves live in one
-module each of :mod:`mirrorkit.compat` (the ``make`` functions below name
-them). One more is a process setting, not a Keras
-patch (:mod:`~mirrorkit.compat.allocator`, ``malloc-thresholds``): :func:`apply`
-runs it and it is turned off by name like the others, but it is not in
-:data:`FIXES` and not in :func:`apply`'s result.
+strategy never fails because of a fix. The fixes live in one module each
+of :mod:`mirrorkit.compat` (the ``make`` functions below name them). One
+more is a process setting (:mod:`~mirrorkit.compat.allocator`,
+``malloc-thresholds``): :func:`apply` runs it and it is turned off by name
+like the others, but it is not in :data:`FIXES` nor in :func:`apply`'s result.
 
 Example:
     >>> sorted(FIXES)[:3]
@@ -37,6 +36,7 @@ from mirrorkit.compat import (
     known_issues,
     layer_losses,
     logged_losses,
+    mean_gradients,
     multistep,
     no_call_build,
     no_gradient_losses,
@@ -64,6 +64,7 @@ logger = logging.getLogger(__name__)
 _TRAINER = "keras.src.backend.tensorflow.trainer"
 _CORE = "keras.src.backend.tensorflow.core"
 _NN = "keras.src.backend.tensorflow.nn"
+_LOSS = "keras.src.losses.loss"
 
 # Status values :func:`apply` and :func:`status` report for each fix.
 APPLIED = "applied"
@@ -109,17 +110,16 @@ FIXES: dict[str, Fix] = {fix.name: fix for fix in (
     # Below cross-replica-step's and no-gradient-losses' wrappers of the same
     # two functions: it weighs a share only where they let Keras scale it.
     Fix("uneven-batch-losses", "an uneven batch weighs each replica's mean 1/N",
-        ("keras.src.losses.loss", "scale_loss_for_distribution", None), uneven_batches.make_scale,
-        also=(("keras.src.losses.loss", "unscale_loss_for_distribution", None,
-               uneven_batches.make_unscale),
+        (_LOSS, "scale_loss_for_distribution", None), uneven_batches.make_scale,
+        also=((_LOSS, "unscale_loss_for_distribution", None, uneven_batches.make_unscale),
               ("tensorflow.python.distribute.distribute_lib", "run", "StrategyBase",
                uneven_batches.make_run))),
     Fix("cross-replica-step",
         "DistributedVariable.handle is not available outside the replica context",
         (_CORE, "handle", "Variable"), cross_replica_step.make_handle,
-        also=(("keras.src.losses.loss", "scale_loss_for_distribution", None,
+        also=((_LOSS, "scale_loss_for_distribution", None,
                cross_replica_step.make_loss_scale),
-              ("keras.src.losses.loss", "unscale_loss_for_distribution", None,
+              (_LOSS, "unscale_loss_for_distribution", None,
                cross_replica_step.make_loss_scale),
               ("tensorflow._api.v2.__internal__.distribute.interim", "maybe_merge_call", None,
                cross_replica_step.make_maybe_merge_call),
@@ -132,21 +132,20 @@ FIXES: dict[str, Fix] = {fix.name: fix for fix in (
         ("keras.src.backend.tensorflow.optimizer", "_backend_apply_gradients", "TFOptimizer"),
         accumulation.make),
     Fix("layer-losses", "add_loss of a layer's Loss trains at 1/N",
-        ("keras.src.losses.loss", "reduce_values", None), layer_losses.make),
+        (_LOSS, "reduce_values", None), layer_losses.make),
     Fix("scalar-losses", "a loss returning a scalar trains at N times",
-        ("keras.src.losses.loss", "reduce_weighted_values", None), scalar_losses.make),
+        (_LOSS, "reduce_weighted_values", None), scalar_losses.make),
     Fix("overridden-loss-call", "a Loss overriding __call__ trains at N times",
         ("keras.src.trainers.compile_utils", "build", "CompileLoss"),
         overridden_losses.make_build,
-        also=(("keras.src.losses.loss", "scale_loss_for_distribution", None,
-               overridden_losses.make_scale),)),
+        also=((_LOSS, "scale_loss_for_distribution", None, overridden_losses.make_scale),)),
     Fix("batch-wide-metrics", "a metric the script wrote counts 1/N of its batch's pairs",
         ("keras.src.trainers.compile_utils", "build", "CompileMetrics"),
         batch_metrics.make_build),
     Fix("batch-sum-losses", "an add_loss summing over the batch trains at 1/N",
         ("keras.src.layers.layer", "add_loss", "Layer"), batch_sums.make,
         # Stacks on layer-losses' wrapper of the same function.
-        also=(("keras.src.losses.loss", "reduce_values", None, batch_sums.make_reduce_values),)),
+        also=((_LOSS, "reduce_values", None, batch_sums.make_reduce_values),)),
     Fix("paired-step-losses", "a step loss pairing its batch's examples differs silently",
         ("tensorflow.python.eager.backprop", "gradient", "GradientTape"), paired_losses.make),
     # Stacks on no-call-build's wrapper of the same function.
@@ -154,18 +153,27 @@ FIXES: dict[str, Fix] = {fix.name: fix for fix in (
         ("keras.src.trainers.trainer", "_symbolic_build", "Trainer"), symbolic_names.make),
     # Both stack on cross-replica-step's wrappers of the same two functions.
     Fix("no-gradient-losses", "a loss in a custom test_step reports 1/N",
-        ("keras.src.losses.loss", "scale_loss_for_distribution", None), no_gradient_losses.make,
-        also=(("keras.src.losses.loss", "unscale_loss_for_distribution", None,
-               no_gradient_losses.make),)),
+        (_LOSS, "scale_loss_for_distribution", None), no_gradient_losses.make,
+        also=((_LOSS, "unscale_loss_for_distribution", None, no_gradient_losses.make),)),
     Fix("logged-step-losses", "a custom train_step logs 1/N of its loss",
         ("keras.src.metrics.reduction_metrics", "update_state", "Mean"),
         logged_losses.make_update_state,
-        also=(("keras.src.losses.loss", "__call__", "Loss", logged_losses.make_loss_call),
+        also=((_LOSS, "__call__", "Loss", logged_losses.make_loss_call),
               ("keras.src.trainers.trainer", "compute_loss", "Trainer",
                logged_losses.make_compute_loss),
               # Stacks on multi-step's wrapper of the same method.
               (_TRAINER, "_make_function", "TensorFlowTrainer",
-               logged_losses.make_make_function))),
+               logged_losses.make_make_function),
+              (_LOSS, "unscale_loss_for_distribution", None, logged_losses.make_unscale),
+              ("keras.src.trainers.trainer", "_compute_loss", "Trainer",
+               logged_losses.make_step_loss),
+              *(("tensorflow._api.v2.nn", name, None, logged_losses.make_share)
+                for name in ("compute_average_loss", "scale_regularization_loss")))),
+    # Stacks on paired-step-losses' and logged-step-losses' wrappers; reads the latter's shares.
+    Fix("hand-mean-gradients", "a loss averaged by hand in a custom step trains at N times",
+        ("tensorflow.python.eager.backprop", "gradient", "GradientTape"),
+        mean_gradients.make_gradient, also=((_TRAINER, "_make_function", "TensorFlowTrainer",
+                                             mean_gradients.make_make_function),)),
     # Stacks on symbolic-build's wrapper of the same method.
     Fix("symbolic-build-order", "fit trains in another data order under a strategy",
         (_TRAINER, "_maybe_symbolic_build", "TensorFlowTrainer"), symbolic_order.make),
@@ -190,10 +198,6 @@ FIXES: dict[str, Fix] = {fix.name: fix for fix in (
 # unavailability was already reported.
 _DECISIONS: dict[str, Decision] = {}
 _UNAVAILABLE: dict[str, str] = {}
-
-
-def _check_names(names: Iterable[str], where: str) -> set[str]:
-    return switches.check_names(names, where)
 
 
 def disabled_by_environment() -> set[str]:
@@ -287,7 +291,7 @@ def apply(*, disable: Iterable[str] | None = None, strategy: Any = None) -> dict
         >>> compat.apply(disable=["scalar-logs"])            # doctest: +SKIP
         {'symbolic-build': 'applied', 'scalar-logs': 'disabled', 'multi-step': 'applied'}
     """
-    skip = disabled_by_environment() if disable is None else _check_names(
+    skip = disabled_by_environment() if disable is None else switches.check_names(
         [disable] if isinstance(disable, str) else disable, "disable")
     if not _keras_is_tensorflow():
         # Other backends never reach the TF trainer; nothing to patch.

@@ -43,8 +43,15 @@ from mirrorkit.compat.step_rows import make_run
 __all__ = ["make_run", "make_scale", "make_unscale"]
 
 
-def _weight() -> Any | None:
-    """``rows * N / global rows`` for this replica's step, or None when it is surely 1."""
+def weight() -> tuple[Any, Any] | None:
+    """``(rows * N, global rows)`` for this replica's step, or None when their ratio is surely 1.
+
+    Also used by ``hand-mean-gradients``, which weighs a replica's own mean alike.
+
+    Example:
+        >>> weight() is None        # outside a replica's step
+        True
+    """
     import tensorflow as tf
 
     rows = step_rows.current()
@@ -59,12 +66,12 @@ def _weight() -> Any | None:
 def _weighed(original: Callable[[Any], Any], *, inverse: bool) -> Callable[[Any], Any]:
     def weigh(value: Any) -> Any:
         out = original(value)
-        weight = _weight() if out is not value else None
-        if weight is None:
+        found = weight() if out is not value else None
+        if found is None:
             return out
         from keras import ops
 
-        rows, total = (ops.cast(w, out.dtype) for w in weight)
+        rows, total = (ops.cast(w, out.dtype) for w in found)
         # The factor first: exactly 1.0 on an even split, so nothing changes. A
         # replica with no rows logs nothing (Keras weighs its log by 0 rows).
         factor = ops.divide_no_nan(total, rows) if inverse else ops.divide_no_nan(rows, total)

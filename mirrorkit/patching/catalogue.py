@@ -180,14 +180,29 @@ _FIXES = (
     _fix("logged-step-losses", ("keras.src.metrics.reduction_metrics.Mean.update_state",
                                 f"{_LOSS}.Loss.__call__",
                                 "keras.src.trainers.trainer.Trainer.compute_loss",
-                                f"{_TRAINER}._make_function"),
-         "a Mean metric given a training step's loss share (a Loss call's or compute_loss's "
-         "own result) logs N times it, and so does a step's returned log that is a sum of "
-         "shares times share-free factors: the one-device loss",
+                                f"{_TRAINER}._make_function",
+                                f"{_LOSS}.unscale_loss_for_distribution",
+                                "keras.src.trainers.trainer.Trainer._compute_loss",
+                                "tensorflow.nn.compute_average_loss",
+                                "tensorflow.nn.scale_regularization_loss"),
+         "a Mean metric given a value of Keras's training step, or a log the step returns, "
+         "logs its loss-share parts and sums over the rows N times over (a Loss call's, "
+         "compute_loss's, tf.nn.compute_average_loss's result; alpha * a + (1 - alpha) * b); "
+         "Keras's own loss log unscales only the share parts of what compute_loss returns",
          "keras-logged-step-loss: under N replicas a custom train_step that logs the loss it "
          "computed, with a keras.metrics.Mean or in its returned logs, reports 1/N of the "
          "one-device loss.",
          "tests/compat/test_step_losses.py"),
+    _fix("hand-mean-gradients", ("tensorflow.python.eager.backprop.GradientTape.gradient",
+                                 f"{_TRAINER}._make_function"),
+         "in fit's step on 2+ replicas, the part of the differentiated loss that is a mean "
+         "over the replica's rows (or independent of the batch) has its gradient weighed by "
+         "1/N (rows over global rows on an uneven split), through the tape's "
+         "output_gradients; Keras shares and sums over the rows are left as they are",
+         "keras-hand-mean-gradients: under N replicas a loss a custom train_step or an "
+         "overridden compute_loss averages by hand (ops.mean, keras.io's Variational "
+         "AutoEncoder) is not divided by N, so the summed gradient is N times one device's.",
+         "tests/compat/test_step_losses.py", tested=TESTED_LATEST),
     _fix("symbolic-build-order", (f"{_TRAINER}._maybe_symbolic_build",),
          "builds the model from the input's element_spec instead of a peeked batch (else "
          "peeks and puts Python's and NumPy's random states back)",

@@ -12,12 +12,17 @@ number and every kernel equals one device's:
   of two weighted outputs, and under ``mixed_float16`` (as "mse" does there);
 * ``step-metrics``: every batch-end log (a weighted metric) equals one device's,
   also with 2 steps per call;
+* ``hand-mean-gradients``: a loss averaged by hand in a custom ``train_step``
+  or an overridden ``compute_loss``, alone, beside a share and a sum, and on an
+  uneven split, trains (and logs) as on one device; ``tf.nn.compute_average_loss``
+  still does;
 
 and keras.io's "Customizing what happens in fit()" guide, unmodified, logs
 plain Python's numbers under ``mirrorkit run`` and ``mirrorkit launch``.
 
-With the three turned off by name, upstream's numbers come back: 1/N logged
-losses with the same weights, and a weighted scalar loss whose update is off.
+With them turned off by name, upstream's numbers come back: 1/N logged
+losses with the same weights, a weighted scalar loss whose update is off, and
+hand-written means that train N times as fast.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from conftest import REPO, clean_env, result_line
 pytestmark = pytest.mark.slow
 
 SCRIPT = REPO / "tests" / "fixtures" / "step_losses.py"
-FIXES = ("no-gradient-losses", "logged-step-losses", "scalar-losses", "step-metrics")
+FIXES = ("no-gradient-losses", "logged-step-losses", "scalar-losses", "step-metrics",
+         "hand-mean-gradients")
 # float32 sums in another order; float16 (mixed precision) steps.
 FLOAT32, FLOAT16 = 2e-6, 2e-3
 
@@ -74,7 +80,7 @@ def test_every_case_logs_and_trains_as_on_one_device(fixed_runs, n):
     status, runs = fixed_runs
     assert status == dict.fromkeys(FIXES, "applied")
     cases = {key.rsplit("-", 1)[0] for key in runs}
-    assert len(cases) == 10
+    assert len(cases) == 15
     for case in cases:
         rel = FLOAT16 if "mixed" in case else FLOAT32
         assert _same(runs[f"{case}-{n}"], runs[f"{case}-1"], rel), \
@@ -86,7 +92,9 @@ def test_every_case_logs_and_trains_as_on_one_device(fixed_runs, n):
 def test_without_the_fixes_upstream_logs_a_share_and_weights_go_astray(tmp_path):
     # Only the cases asserted on below.
     status, runs = _runs(tmp_path, 2, cases=("custom_test", "custom_train", "custom_train_loss_fn",
-                                             "returned_logs", "batch_logs", "scalar_weighted"),
+                                             "returned_logs", "batch_logs", "scalar_weighted",
+                                             "hand_mean", "compute_loss_override", "hand_mixed",
+                                             "average_loss"),
                          MIRRORKIT_COMPAT_DISABLE=",".join(FIXES))
     assert status == dict.fromkeys(FIXES, "disabled")
     # A Loss where no gradient is taken, and a custom step's logged loss: 1/2 ...
@@ -107,6 +115,15 @@ def test_without_the_fixes_upstream_logs_a_share_and_weights_go_astray(tmp_path)
     # A weighted scalar loss: each replica's mean weight times its own loss.
     assert not _same(runs["scalar_weighted-2"]["kernel"], runs["scalar_weighted-1"]["kernel"],
                      1e-3)
+    # A hand-written mean: N times the gradient (the guide's overridden
+    # compute_loss also logs N times its loss); a share beside it does not hide it.
+    for case in ("hand_mean", "compute_loss_override", "hand_mixed"):
+        assert not _same(runs[f"{case}-2"]["kernel"], runs[f"{case}-1"]["kernel"], 1e-2), case
+    # tf.nn.compute_average_loss scales for the replicas itself: the same
+    # training, a logged share.
+    one, two = runs["average_loss-1"], runs["average_loss-2"]
+    assert two["kernel"] == pytest.approx(one["kernel"], rel=1e-5)
+    assert two["loss"] == pytest.approx([v / 2 for v in one["loss"]], rel=1e-5)
 
 
 GUIDE = REPO / "tests" / "fixtures" / "scripts" / "keras_io_custom_fit.py"

@@ -1,0 +1,132 @@
+"""The loss *shares* of a training step: what Keras divided by the replica count N.
+
+Inside a training step under N replicas a reduced Keras loss is each
+replica's share of the global loss (Keras divides it by N, see
+:mod:`mirrorkit.compat.no_gradient_losses`), so that summing the replicas'
+gradients gives the global gradient. ``logged-step-losses`` records every
+share where it is made (the rank-0 result of a ``keras.losses.Loss`` call,
+of ``Model.compute_loss``, of ``tf.nn.compute_average_loss``, in a replica
+context of N > 1 replicas while a gradient tape records), and the values
+Keras's own step multiplies back (``unscale_loss_for_distribution``), which
+are whole. The fixes that read a step's losses ask here.
+
+Example:
+    >>> share_of(1.0), is_whole(2.0)
+    (0, False)
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from mirrorkit.compat.no_gradient_losses import gradient_possible
+
+# id(tensor) -> (weak reference to it, replicas it is a share of).
+_SHARES: dict[int, tuple[weakref.ref, int]] = {}
+# id(tensor) -> weak reference: values Keras unscaled (whole, not shares), and
+# the losses Keras's own train_step differentiates (what compute_loss returned).
+_WHOLE: dict[int, weakref.ref] = {}
+_STEP: dict[int, weakref.ref] = {}
+
+
+def _replicas_if_share() -> int:
+    """The replica count when a loss computed here is a share of the global loss, else 0."""
+    import tensorflow as tf
+
+    if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
+        return 0
+    n = int(tf.distribute.get_strategy().num_replicas_in_sync)
+    return n if n > 1 and gradient_possible() else 0
+
+
+def _weak(table: dict, value: Any, entry: Any) -> None:
+    try:
+        key = id(value)
+        ref = weakref.ref(value, lambda _r, k=key: table.pop(k, None))
+    except TypeError:
+        return  # a value that takes no weak reference (a Python float): not a tensor
+    table[key] = (ref, entry) if entry is not None else ref
+
+
+def remember(value: Any) -> Any:
+    """Record ``value`` as a share when it is one here (a rank-0 loss in a replica's step).
+
+    Example:
+        >>> remember(1.5)
+        1.5
+    """
+    n = _replicas_if_share()
+    if n and tuple(getattr(value, "shape", (None,)) or ()) == () and not is_whole(value):
+        _weak(_SHARES, value, n)
+    return value
+
+
+def remember_whole(value: Any) -> Any:
+    """Record ``value`` as a whole loss (Keras multiplied a share back).
+
+    Example:
+        >>> remember_whole(2.0)
+        2.0
+    """
+    if _replicas_if_share():
+        _weak(_WHOLE, value, None)
+    return value
+
+
+def remember_step_loss(value: Any) -> Any:
+    """Record ``value`` as the loss Keras's own ``train_step`` differentiates and logs.
+
+    Example:
+        >>> remember_step_loss(2.0)
+        2.0
+    """
+    if _replicas_if_share():
+        _weak(_STEP, value, None)
+    return value
+
+
+def _held(table: dict, value: Any) -> bool:
+    found = table.get(id(value))
+    return found is not None and found() is value
+
+
+def is_step_loss(value: Any) -> bool:
+    """True for the loss Keras's own ``train_step`` got from ``compute_loss`` here.
+
+    Example:
+        >>> is_step_loss(1.0)
+        False
+    """
+    return _held(_STEP, value)
+
+
+def share_of(value: Any) -> int:
+    """How many replicas ``value`` is a share of (0: not a remembered share).
+
+    Example:
+        >>> share_of(1.0)
+        0
+    """
+    found = _SHARES.get(id(value))
+    return found[1] if found is not None and found[0]() is value else 0
+
+
+def is_whole(value: Any) -> bool:
+    """True for a value Keras multiplied back from a share (``unscale_loss_for_distribution``).
+
+    Example:
+        >>> is_whole(1.0)
+        False
+    """
+    return _held(_WHOLE, value)
+
+
+def any_recorded() -> bool:
+    """True once any share was recorded in this process (a quick test before reading graphs).
+
+    Example:
+        >>> isinstance(any_recorded(), bool)
+        True
+    """
+    return bool(_SHARES)
