@@ -180,11 +180,11 @@ class Reader:
         floating = [s for s, t in zip(states, op.inputs) if t.dtype.is_floating]
         return _combine(kind, floating or states, tensor.shape.rank)
 
-
     def _batch_size(self, tensor: Any) -> bool:
         import tensorflow as tf
 
-        value = tf.get_static_value(tensor)
+        value = _static_index(tensor) if tensor.op.type == "StridedSlice" \
+            else tf.get_static_value(tensor)
         # The per-replica batch size (or a size of a batch-shaped tensor)
         # written as a number by a static shape. A constant that only happens
         # to be one is taken for a batch size too: the value is then left as
@@ -192,6 +192,19 @@ class Reader:
         return self.batch is not None and self.batch > 1 and value is not None \
             and value.size == 1 and _batch_multiple(float(value.ravel()[0]), self.batch) \
             and float(value.ravel()[0]) != self.global_batch
+
+
+def _static_index(tensor: Any) -> Any:
+    """``vector[i]`` of a constant vector and index (``tf.shape(x)[0]`` of a static shape)."""
+    import numpy as np
+    import tensorflow as tf
+
+    op = tensor.op
+    vector, begin = (tf.get_static_value(t) for t in op.inputs[:2])
+    if vector is None or begin is None or np.ndim(vector) != 1 or np.size(begin) != 1 \
+            or op.get_attr("shrink_axis_mask") != 1:
+        return None
+    return np.asarray(vector[int(np.ravel(begin)[0])])
 
 
 def _sized(tensor: Any, states: list[Any], state: Any) -> Any:

@@ -40,7 +40,7 @@ from typing import Any, Callable
 from mirrorkit.compat import step_rows
 from mirrorkit.compat.step_rows import make_run
 
-__all__ = ["make_run", "make_scale", "make_unscale"]
+__all__ = ["make_run", "make_scale", "make_unscale", "weight"]
 
 
 def weight() -> tuple[Any, Any] | None:
