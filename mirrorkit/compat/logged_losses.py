@@ -109,7 +109,7 @@ def whole(value: Any) -> Any:
 
         return ops.multiply(value, ops.cast(n, value.dtype))
     context = _context_to_read(value)
-    if context is None or shares.is_whole(value):
+    if context is None or shares.marked(value, "whole"):
         return value
     try:
         n_times = loss_parts.reader(context).split(value, _LOGGED_N_TIMES)
@@ -139,7 +139,7 @@ def make_step_loss(original: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap ``Trainer._compute_loss`` (``original``): remember the loss Keras's step logs."""
 
     def _compute_loss(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return shares.remember_step_loss(original(self, *args, **kwargs))
+        return shares.mark(original(self, *args, **kwargs), "step")
 
     return _compute_loss
 
@@ -157,7 +157,7 @@ def make_unscale(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
         if not gradient_possible() or _context_to_read(value) is None:
             return original(value)
         out = None
-        if shares.is_step_loss(value) and not shares.share_of(value):
+        if shares.marked(value, "step") and not shares.share_of(value):
             try:
                 kind = loss_parts.reader(_context_to_read(value)).kind(value)
             except Exception:  # noqa: BLE001 -- reading a log must never fail the step
@@ -165,7 +165,7 @@ def make_unscale(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
             out = whole(value) if kind != loss_parts.SHARE else None
         # Whole either way: a Loss called in a layer is unscaled by layer-losses
         # here, and is no share when its call returns.
-        return shares.remember_whole(original(value) if out is None else out)
+        return shares.mark(original(value) if out is None else out, "whole")
 
     return unscale
 

@@ -11,7 +11,7 @@ Keras's own step multiplies back (``unscale_loss_for_distribution``), which
 are whole. The fixes that read a step's losses ask here.
 
 Example:
-    >>> share_of(1.0), is_whole(2.0)
+    >>> share_of(1.0), marked(2.0, "whole")
     (0, False)
 """
 
@@ -24,10 +24,9 @@ from mirrorkit.compat.no_gradient_losses import gradient_possible
 
 # id(tensor) -> (weak reference to it, replicas it is a share of).
 _SHARES: dict[int, tuple[weakref.ref, int]] = {}
-# id(tensor) -> weak reference: values Keras unscaled (whole, not shares), and
-# the losses Keras's own train_step differentiates (what compute_loss returned).
-_WHOLE: dict[int, weakref.ref] = {}
-_STEP: dict[int, weakref.ref] = {}
+# Per kind, id(tensor) -> weak reference: values Keras unscaled (whole, not
+# shares), and the losses Keras's own train_step differentiates (:func:`mark`).
+_MARKS: dict[str, dict[int, weakref.ref]] = {"whole": {}, "step": {}}
 
 
 def _replicas_if_share() -> int:
@@ -57,48 +56,36 @@ def remember(value: Any) -> Any:
         1.5
     """
     n = _replicas_if_share()
-    if n and tuple(getattr(value, "shape", (None,)) or ()) == () and not is_whole(value):
+    if n and tuple(getattr(value, "shape", (None,)) or ()) == () and not marked(value, "whole"):
         _weak(_SHARES, value, n)
     return value
 
 
-def remember_whole(value: Any) -> Any:
-    """Record ``value`` as a whole loss (Keras multiplied a share back).
+def mark(value: Any, kind: str) -> Any:
+    """Record ``value`` (in a replica's step) as ``"whole"`` or ``"step"``; returns it.
+
+    ``"whole"``: Keras multiplied a share back (``unscale_loss_for_distribution``),
+    so it is one device's value. ``"step"``: the loss Keras's own
+    ``train_step`` got from ``compute_loss``, which it differentiates and logs.
 
     Example:
-        >>> remember_whole(2.0)
+        >>> mark(2.0, "whole")
         2.0
     """
     if _replicas_if_share():
-        _weak(_WHOLE, value, None)
+        _weak(_MARKS[kind], value, None)
     return value
 
 
-def remember_step_loss(value: Any) -> Any:
-    """Record ``value`` as the loss Keras's own ``train_step`` differentiates and logs.
+def marked(value: Any, kind: str) -> bool:
+    """True when ``value`` was recorded by :func:`mark` as ``kind``.
 
     Example:
-        >>> remember_step_loss(2.0)
-        2.0
-    """
-    if _replicas_if_share():
-        _weak(_STEP, value, None)
-    return value
-
-
-def _held(table: dict, value: Any) -> bool:
-    found = table.get(id(value))
-    return found is not None and found() is value
-
-
-def is_step_loss(value: Any) -> bool:
-    """True for the loss Keras's own ``train_step`` got from ``compute_loss`` here.
-
-    Example:
-        >>> is_step_loss(1.0)
+        >>> marked(1.0, "step")
         False
     """
-    return _held(_STEP, value)
+    found = _MARKS[kind].get(id(value))
+    return found is not None and found() is value
 
 
 def share_of(value: Any) -> int:
@@ -110,23 +97,3 @@ def share_of(value: Any) -> int:
     """
     found = _SHARES.get(id(value))
     return found[1] if found is not None and found[0]() is value else 0
-
-
-def is_whole(value: Any) -> bool:
-    """True for a value Keras multiplied back from a share (``unscale_loss_for_distribution``).
-
-    Example:
-        >>> is_whole(1.0)
-        False
-    """
-    return _held(_WHOLE, value)
-
-
-def any_recorded() -> bool:
-    """True once any share was recorded in this process (a quick test before reading graphs).
-
-    Example:
-        >>> isinstance(any_recorded(), bool)
-        True
-    """
-    return bool(_SHARES)
