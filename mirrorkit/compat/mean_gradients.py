@@ -86,10 +86,10 @@ def _name_once(target: Any, replicas: int) -> None:
     if place not in _NAMED:
         _NAMED.add(place)
         logger.warning(
-            "mirrorkit: the loss this step differentiates (%s) has a part that is neither a "
-            "mean, a sum over its batch nor a Keras loss: under %d replicas its gradient may "
-            "differ from one device's. Averaging it with ops.mean, or computing it with a "
-            "keras.losses.Loss, makes it exact.", place, replicas)
+            "mirrorkit: the loss this step differentiates (%s) has a part that is not a "
+            "mean, a sum over its batch or a Keras loss (a maximum over the batch, a product "
+            "of two means): under %d replicas each replica computes it from its own rows, and "
+            "its gradient differs from one device's.", place, replicas)
 
 
 def plan(target: Any, context: Any) -> tuple[list[Any], list[Any]] | None:
