@@ -54,7 +54,7 @@ def _runs(tmp_path, *replicas: int, cases: tuple[str, ...] = (), **env: str
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = result_line(proc.stdout)
-    return result["status"], result["runs"]
+    return result["status"], result["runs"] | {"named": result["named"]}
 
 
 def _flat(value) -> list[float]:
@@ -79,7 +79,9 @@ def fixed_runs(tmp_path_factory) -> tuple[dict, dict]:
 def test_every_case_logs_and_trains_as_on_one_device(fixed_runs, n):
     status, runs = fixed_runs
     assert status == dict.fromkeys(FIXES, "applied")
-    cases = {key.rsplit("-", 1)[0] for key in runs}
+    runs = dict(runs)
+    named = runs.pop("named")
+    cases = {key.rsplit("-", 1)[0] for key in runs} - {"hand_max"}
     assert len(cases) == 15
     for case in cases:
         rel = FLOAT16 if "mixed" in case else FLOAT32
@@ -87,6 +89,10 @@ def test_every_case_logs_and_trains_as_on_one_device(fixed_runs, n):
             (case, runs[f"{case}-{n}"], runs[f"{case}-1"])
     # Under mixed precision a scalar loss trains exactly as Keras's own "mse".
     assert runs[f"scalar_mixed-{n}"] == runs[f"mse_mixed-{n}"]
+    # A maximum over the batch has no per-replica form: named once, with the
+    # script's line; nothing else is.
+    assert list(named) == ["hand_max-2"]
+    assert len(named["hand_max-2"]) == 1 and "step_losses.py" in named["hand_max-2"][0]
 
 
 def test_without_the_fixes_upstream_logs_a_share_and_weights_go_astray(tmp_path):
