@@ -18,9 +18,10 @@ call, ``Model.compute_loss``, ``tf.nn.compute_average_loss`` and
 handed to ``keras.metrics.Mean.update_state`` or returned as a log with
 :mod:`mirrorkit.compat.loss_parts`: its share parts and its sums over the
 replica's rows are logged N times over (the replicas' average is then one
-device's value), its means and batch-independent parts as they are
-(``alpha * a + (1 - alpha) * b`` of two shares, ``kl * t**2``, a share plus
-a hand-written mean: each part as one device logs it). What Keras's own
+device's value), its means and batch-independent parts as they are, or
+on an uneven split weighed by the replica's rows as Keras weighs its own
+loss log (``alpha * a + (1 - alpha) * b`` of two shares, ``kl * t**2``, a
+share plus a hand-written mean: each part as one device logs it). What Keras's own
 ``train_step`` hands its loss tracker (``unscale_loss_for_distribution``,
 the share times N) is whole already; where ``compute_loss`` is overridden
 with a hand-written mean, that multiplication is the logged loss's error
@@ -40,12 +41,13 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from mirrorkit.compat import loss_parts, shares, step_calls
+from mirrorkit.compat import loss_parts, shares, step_calls, uneven_batches
 from mirrorkit.compat.no_gradient_losses import gradient_possible
 
 logger = logging.getLogger(__name__)
 
 _LOGGED_N_TIMES = frozenset({loss_parts.SHARE, loss_parts.SUM})
+_AS_THEY_ARE = frozenset({loss_parts.MEAN, loss_parts.INDEP})
 
 
 def make_loss_call(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -96,8 +98,13 @@ def _context_to_read(value: Any) -> Any:
     return context if context is not None and context.num_replicas_in_sync > 1 else None
 
 
-def whole(value: Any) -> Any:
+def whole(value: Any, *, averaged: bool = True) -> Any:
     """``value`` as one device logs it: its share and sum parts N times over.
+
+    ``averaged``: the replicas' values are averaged alike (a ``Mean``, a
+    returned log), so on an uneven split a mean part is weighed by the
+    replica's rows (times N over the global rows); False where Keras weighs
+    them by rows itself (its loss tracker).
 
     Example:
         >>> whole(1.0)
@@ -111,15 +118,23 @@ def whole(value: Any) -> Any:
     context = _context_to_read(value)
     if context is None or shares.marked(value, "whole"):
         return value
+    uneven = uneven_batches.weight() if averaged else None
     try:
-        n_times = loss_parts.reader(context).split(value, _LOGGED_N_TIMES)
+        parts = loss_parts.reader(context)
+        n_times = parts.split(value, _LOGGED_N_TIMES)
+        means = parts.split(value, _AS_THEY_ARE) if uneven is not None else []
     except Exception:  # noqa: BLE001 -- reading a log must never fail the step
         logger.debug("mirrorkit: could not read a step's log", exc_info=True)
         return value
-    if not n_times:
-        return value
-    extra = loss_parts.combined(n_times, value.dtype)
-    return value + (context.num_replicas_in_sync - 1) * extra
+    out = value
+    if n_times:
+        out += (context.num_replicas_in_sync - 1) * loss_parts.combined(n_times, value.dtype)
+    if means:
+        import tensorflow as tf
+
+        rows, total = (tf.cast(w, value.dtype) for w in uneven)
+        out += (tf.math.divide_no_nan(rows, total) - 1) * loss_parts.combined(means, value.dtype)
+    return out
 
 
 def make_update_state(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -162,7 +177,7 @@ def make_unscale(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
                 kind = loss_parts.reader(_context_to_read(value)).kind(value)
             except Exception:  # noqa: BLE001 -- reading a log must never fail the step
                 kind = loss_parts.SHARE
-            out = whole(value) if kind != loss_parts.SHARE else None
+            out = whole(value, averaged=False) if kind != loss_parts.SHARE else None
         # Whole either way: a Loss called in a layer is unscaled by layer-losses
         # here, and is no share when its call returns.
         return shares.mark(original(value) if out is None else out, "whole")
