@@ -31,6 +31,20 @@ from mirrorkit.compat import step_rows
 _KERAS_MEANS: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
 
 
+# Per graph, the names of tensors holding every replica's rows (a batch
+# gathered through merge_call shows only a concatenation of the replicas' own).
+_GLOBAL: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
+
+
+def mark_global(tensor: Any) -> None:
+    """Record ``tensor`` (a graph tensor) as the global batch: every replica's rows, not this one's.
+
+    Example:
+        >>> mark_global(gathered)                            # doctest: +SKIP
+    """
+    _GLOBAL.setdefault(tensor.graph, set()).add(tensor.name)
+
+
 def mark_mean(loss: Any) -> None:
     """Record ``loss`` (a graph tensor) as a Keras Loss's mean: it does not scale with the rows.
 
@@ -113,7 +127,7 @@ class Reader:
         return self.states[tensor.ref()]
 
     def _inputs(self, tensor: Any) -> list[Any]:
-        if _eager(tensor) or (self.means and _keras_mean(tensor)):
+        if _eager(tensor) or (self.means and _keras_mean(tensor)) or _marked(_GLOBAL, tensor):
             return []
         op = tensor.op
         if op.type == "Placeholder":
@@ -131,7 +145,8 @@ class Reader:
     def _rule(self, tensor: Any, states: list[Any]) -> Any:
         import tensorflow as tf
 
-        if _eager(tensor):      # a value captured from outside the step
+        if _eager(tensor) or _marked(_GLOBAL, tensor):
+            # A value captured from outside the step, or every replica's rows.
             return INDEP
         if self.means and _keras_mean(tensor):
             return 0
@@ -227,7 +242,11 @@ def _sized(tensor: Any, states: list[Any], state: Any) -> Any:
 
 
 def _keras_mean(tensor: Any) -> bool:
-    return tensor.name in _KERAS_MEANS.get(tensor.graph, ())
+    return _marked(_KERAS_MEANS, tensor)
+
+
+def _marked(table: Any, tensor: Any) -> bool:
+    return not _eager(tensor) and tensor.name in table.get(tensor.graph, ())
 
 
 def _batch_multiple(value: float, batch: int) -> bool:

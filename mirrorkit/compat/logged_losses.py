@@ -47,7 +47,9 @@ from mirrorkit.compat.no_gradient_losses import gradient_possible
 logger = logging.getLogger(__name__)
 
 _LOGGED_N_TIMES = frozenset({loss_parts.SHARE, loss_parts.SUM})
-_AS_THEY_ARE = frozenset({loss_parts.MEAN, loss_parts.INDEP})
+# Only a mean over the replica's own rows: a batch-independent value (a
+# regularizer, a metric on the gathered batch) is the same whoever logs it.
+_ROW_MEANS = frozenset({loss_parts.MEAN})
 
 
 def make_loss_call(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -102,8 +104,8 @@ def whole(value: Any, *, averaged: bool = True) -> Any:
     """``value`` as one device logs it: its share and sum parts N times over.
 
     ``averaged``: the replicas' values are averaged alike (a ``Mean``, a
-    returned log), so on an uneven split a mean part is weighed by the
-    replica's rows (times N over the global rows); False where Keras weighs
+    returned log), so on an uneven split a mean over the replica's rows is
+    weighed by them (times N over the global rows); False where Keras weighs
     them by rows itself (its loss tracker).
 
     Example:
@@ -122,7 +124,7 @@ def whole(value: Any, *, averaged: bool = True) -> Any:
     try:
         parts = loss_parts.reader(context)
         n_times = parts.split(value, _LOGGED_N_TIMES)
-        means = parts.split(value, _AS_THEY_ARE) if uneven is not None else []
+        means = parts.split(value, _ROW_MEANS) if uneven is not None else []
     except Exception:  # noqa: BLE001 -- reading a log must never fail the step
         logger.debug("mirrorkit: could not read a step's log", exc_info=True)
         return value

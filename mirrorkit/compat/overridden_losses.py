@@ -38,6 +38,8 @@ from __future__ import annotations
 import contextvars
 from typing import Any, Callable
 
+from mirrorkit.compat import batch_graph
+
 # While a wrapped loss runs: a list that Keras's scaling appends to.
 _SCALED: contextvars.ContextVar[list | None] = contextvars.ContextVar(
     "mirrorkit_loss_scaled", default=None)
@@ -92,6 +94,8 @@ def gather_batch(context: Any, values: tuple[Any, ...]) -> tuple[Any, ...] | Non
     # need the rank: ops.squeeze of an unknown first dimension loses it).
     gathered = [tf.ensure_shape(g, [t.shape[0] * replicas, *t.shape[1:]])
                 if t.shape[0] is not None else g for g, t in zip(gathered, present)]
+    for g in gathered:
+        batch_graph.mark_global(g)
     rows = iter(gathered)
     return tuple(None if v is None else next(rows) for v in values)
 
