@@ -120,18 +120,20 @@ def whole(value: Any, *, averaged: bool = True) -> Any:
     context = _context_to_read(value)
     if context is None or shares.marked(value, "whole"):
         return value
-    uneven = uneven_batches.weight() if averaged else None
     try:
         parts = loss_parts.reader(context)
         n_times = parts.split(value, _LOGGED_N_TIMES)
-        means = parts.split(value, _ROW_MEANS) if uneven is not None else []
+        means = parts.split(value, _ROW_MEANS) if averaged else []
     except Exception:  # noqa: BLE001 -- reading a log must never fail the step
         logger.debug("mirrorkit: could not read a step's log", exc_info=True)
         return value
     out = value
     if n_times:
         out += (context.num_replicas_in_sync - 1) * loss_parts.combined(n_times, value.dtype)
-    if means:
+    # Only for a mean of the rows: across workers the rows' count may take a
+    # collective in the step, which no other log should cost.
+    uneven = uneven_batches.weight() if means else None
+    if uneven is not None:
         import tensorflow as tf
 
         rows, total = (tf.cast(w, value.dtype) for w in uneven)
