@@ -58,15 +58,6 @@ _WEIGHED = frozenset({loss_parts.MEAN, loss_parts.INDEP})
 _NAMED: set[str] = set()
 
 
-def make_make_function(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap ``TensorFlowTrainer._make_function`` (``original``): mark a Keras step's calls."""
-
-    def _make_function(self: Any, step_function: Callable[..., Any]) -> Any:
-        return original(self, step_calls.around(step_function, lambda call, data: call(data)))
-
-    return _make_function
-
-
 def _weight(context: Any) -> Any:
     """This replica's weight of its own mean: 1/N, or its rows over the global rows."""
     import tensorflow as tf
@@ -131,7 +122,8 @@ def _applies(target: Any, output_gradients: Any) -> Any:
     context = tf.distribute.get_replica_context()
     if context is None or context.num_replicas_in_sync <= 1:
         return None
-    # Keras's own shares are known only while logged-step-losses records them.
+    # Keras's own shares are known, and its step marked, only while
+    # logged-step-losses records and wraps them.
     return context if engine.is_applied("logged-step-losses") else None
 
 

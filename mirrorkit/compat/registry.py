@@ -169,11 +169,10 @@ FIXES: dict[str, Fix] = {fix.name: fix for fix in (
                logged_losses.make_step_loss),
               *(("tensorflow._api.v2.nn", name, None, logged_losses.make_share)
                 for name in ("compute_average_loss", "scale_regularization_loss")))),
-    # Stacks on paired-step-losses' and logged-step-losses' wrappers; reads the latter's shares.
+    # Stacks on paired-step-losses' wrapper; needs logged-step-losses' shares and step mark.
     Fix("hand-mean-gradients", "a loss averaged by hand in a custom step trains at N times",
         ("tensorflow.python.eager.backprop", "gradient", "GradientTape"),
-        mean_gradients.make_gradient, also=((_TRAINER, "_make_function", "TensorFlowTrainer",
-                                             mean_gradients.make_make_function),)),
+        mean_gradients.make_gradient),
     # Stacks on symbolic-build's wrapper of the same method.
     Fix("symbolic-build-order", "fit trains in another data order under a strategy",
         (_TRAINER, "_maybe_symbolic_build", "TensorFlowTrainer"), symbolic_order.make),

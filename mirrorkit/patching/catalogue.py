@@ -193,8 +193,7 @@ _FIXES = (
          "computed, with a keras.metrics.Mean or in its returned logs, reports 1/N of the "
          "one-device loss.",
          "tests/compat/test_step_losses.py"),
-    _fix("hand-mean-gradients", ("tensorflow.python.eager.backprop.GradientTape.gradient",
-                                 f"{_TRAINER}._make_function"),
+    _fix("hand-mean-gradients", ("tensorflow.python.eager.backprop.GradientTape.gradient",),
          "in fit's step on 2+ replicas, the part of the differentiated loss that is a mean "
          "over the replica's rows (or independent of the batch) has its gradient weighed by "
          "1/N (rows over global rows on an uneven split), through the tape's "
