@@ -40,7 +40,7 @@ def straggling(tmp_path_factory):
 def test_the_slow_worker_is_named_every_epoch_and_the_other_never(straggling):
     out, proc = straggling
     named = [line for line in proc.stdout.splitlines() if "straggler: " in line]
-    assert len(named) == 2, proc.stdout[-3000:]
+    assert len(named) == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     for epoch, line in enumerate(named, start=1):
         assert line.startswith("[0] straggler: worker 1 is ")  # the chief says it
         assert line.endswith(f"epoch {epoch}") and "x slower than the median of the others" in line
