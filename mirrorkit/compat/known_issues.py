@@ -167,9 +167,9 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     ),
     KnownIssue(
         "keras-no-call-build", "keras", "3.0", None,
-        "fit under any tf.distribute strategy fails on a model without call() that "
-        "overrides train_step (keras.io GAN): 'Unable to automatically build the model'.",
-        "compat fix 'no-call-build' leaves building to train_step, as without a strategy.",
+        "fit under any tf.distribute strategy builds a model by calling it on x of (x, y): "
+        "fails without call() (keras.io GAN) or with batches a custom step unpacks (Siamese).",
+        "compat fix 'no-call-build' leaves such a build to the step, as without a strategy.",
         TESTED_KERAS,
     ),
     KnownIssue(

@@ -82,9 +82,11 @@ _FIXES = (
          "(optimizer slots or layer weights in custom training loops) makes the step run in "
          "a tf.cond.", "tests/compat/test_training_loops.py"),
     _fix("no-call-build", ("keras.src.trainers.trainer.Trainer._symbolic_build",),
-         "skips the symbolic build of a model without call()",
-         "keras-no-call-build: fit on a model without call() (a GAN overriding train_step) "
-         "under any strategy fails building the model symbolically.",
+         "skips the symbolic build of a model without call(), and of a model with its own "
+         "step when Keras's build fails",
+         "keras-no-call-build: under any strategy fit builds the model by calling it on x of "
+         "(x, y): a model without call() (a GAN) or whose step takes other batches (Siamese) "
+         "fails.",
          "tests/compat/test_training_loops.py"),
     _fix("uneven-batch-losses", (f"{_LOSS}.scale_loss_for_distribution",
                                  f"{_LOSS}.unscale_loss_for_distribution",

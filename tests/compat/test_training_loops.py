@@ -114,6 +114,17 @@ def test_keras_io_gan_trains_under_run_and_launch(tmp_path):
     assert workers[0]["d_iterations"] == 16
 
 
+@pytest.mark.slow
+def test_keras_io_siamese_steps_fail_keras_symbolic_build_without_the_fix(tmp_path):
+    # keras.io's Siamese network (tests/fixtures/corpus/siamese_triplet.py, which
+    # the corpus runs in every mode against plain Python) hands its step batches
+    # of (anchor, positive, negative); Keras's build under a strategy calls the
+    # network on the anchors alone.
+    script = REPO / "tests" / "fixtures" / "corpus" / "siamese_triplet.py"
+    _fails_with(_run([*RUN2, script], tmp_path / "off", MIRRORKIT_COMPAT_DISABLE="no-call-build"),
+                "expects 3 named input(s)")
+
+
 # --- class 7: hand-written steps outside strategy.run ---------------------------
 
 @pytest.mark.slow
