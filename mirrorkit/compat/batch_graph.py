@@ -45,6 +45,21 @@ def mark_global(tensor: Any) -> None:
     _GLOBAL.setdefault(tensor.graph, set()).add(tensor.name)
 
 
+# Per graph, the names of per-example values made by an op the reader cannot
+# follow (Keras's ctc_loss is a While loop on TensorFlow): row i of the value
+# is example i's.
+_PER_ROW: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
+
+
+def mark_rows(tensor: Any) -> None:
+    """Record ``tensor`` (a graph tensor) as per-example: its row i depends on example i alone.
+
+    Example:
+        >>> mark_rows(ctc_losses)                            # doctest: +SKIP
+    """
+    _PER_ROW.setdefault(tensor.graph, set()).add(tensor.name)
+
+
 def mark_mean(loss: Any) -> None:
     """Record ``loss`` (a graph tensor) as a Keras Loss's mean: it does not scale with the rows.
 
@@ -127,7 +142,8 @@ class Reader:
         return self.states[tensor.ref()]
 
     def _inputs(self, tensor: Any) -> list[Any]:
-        if _eager(tensor) or (self.means and _keras_mean(tensor)) or _marked(_GLOBAL, tensor):
+        if _eager(tensor) or (self.means and _keras_mean(tensor)) or _marked(_GLOBAL, tensor) \
+                or _marked(_PER_ROW, tensor):
             return []
         op = tensor.op
         if op.type == "Placeholder":
@@ -150,6 +166,8 @@ class Reader:
             return INDEP
         if self.means and _keras_mean(tensor):
             return 0
+        if _marked(_PER_ROW, tensor):
+            return ROWS
         op, kind = tensor.op, tensor.op.type
         if kind in _SOURCES:
             return ROWS

@@ -145,7 +145,8 @@ FIXES: dict[str, Fix] = {fix.name: fix for fix in (
     Fix("batch-sum-losses", "an add_loss summing over the batch trains at 1/N",
         ("keras.src.layers.layer", "add_loss", "Layer"), batch_sums.make,
         # Stacks on layer-losses' wrapper of the same function.
-        also=((_LOSS, "reduce_values", None, batch_sums.make_reduce_values),)),
+        also=((_LOSS, "reduce_values", None, batch_sums.make_reduce_values),
+              ("keras.src.backend.tensorflow.nn", "ctc_loss", None, batch_sums.make_ctc_loss))),
     Fix("paired-step-losses", "a step loss pairing its batch's examples differs silently",
         ("tensorflow.python.eager.backprop", "gradient", "GradientTape"), paired_losses.make),
     # Stacks on no-call-build's wrapper of the same function.

@@ -148,7 +148,8 @@ _FIXES = (
          "terms: keras.io's CategoricalTruePositives (a (batch, batch) comparison) logs about "
          "1/N of plain Python's count.", "tests/compat/test_batch_metrics.py",
          tested=TESTED_LATEST),
-    _fix("batch-sum-losses", ("keras.src.layers.layer.Layer.add_loss", f"{_LOSS}.reduce_values"),
+    _fix("batch-sum-losses", ("keras.src.layers.layer.Layer.add_loss", f"{_LOSS}.reduce_values",
+                              "keras.src.backend.tensorflow.nn.ctc_loss"),
          "an add_loss value that sums over the batch (read from its graph) is multiplied by "
          "the global rows over the replica's rows, so Keras's division leaves each replica "
          "its own sum",

@@ -20,8 +20,8 @@ import pytest
 from conftest import REPO, clean_env, result_line
 
 SCRIPT = REPO / "tests" / "fixtures" / "batch_sums.py"
-EXACT = ("sum", "per_example", "mean", "keras_loss", "regularizer", "static_sum", "static_keras_loss",
-         "static_regularizer")
+EXACT = ("sum", "per_example", "ctc", "mean", "keras_loss", "regularizer", "static_sum",
+         "static_keras_loss", "static_regularizer")
 
 
 def _result(tmp_path, *replicas: int, **env: str) -> tuple[dict, str]:
@@ -61,7 +61,7 @@ def test_without_the_fix_a_sum_over_the_batch_trains_at_1_over_n(tmp_path):
     runs = result["runs"]
     for case in ("mean", "keras_loss", "regularizer", "static_regularizer"):
         assert _same(runs[f"{case}-2"], runs[f"{case}-1"]), case   # exact upstream
-    for case in ("sum", "per_example", "static_sum"):
+    for case in ("sum", "per_example", "ctc", "static_sum"):
         one, two = runs[f"{case}-1"], runs[f"{case}-2"]
         assert not _same(two, one, 1e-3), case
         # The first epoch's loss is dominated by the term: well below one device's.
