@@ -185,6 +185,9 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     suite's TensorFlow processes each need more CPU the more of them share a
     core (caches, switches). Measured on 2 cores, the whole CI run: 4 workers
     2289-2433 CPU-s of tests and 1155-1435 s; 3 workers 1960 CPU-s and 1111 s.
+    Fewer are slower too: with 2 the same tests took 12.5 % fewer CPU-s (1934
+    against 2211 for the first 232) but the cores stood 10-40 % idle whenever
+    a worker waited (Slurm, Ray, a join timeout), and the run fell behind.
     """
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
