@@ -19,6 +19,7 @@ import logging
 import sys
 from typing import Any, Iterator
 
+from mirrorkit.compat import symbolic_order
 from mirrorkit.errors import RunError
 from mirrorkit.patching import engine
 from mirrorkit.runner.scope import ScriptScope
@@ -149,6 +150,8 @@ def _construct(original: type, public_name: str, scope: ScriptScope,
             scope.runtime.strategy, scope.runtime.replicas,
             "" if scope.runtime.replicas == 1 else "s",
             f"; its {', '.join(unused)} argument is not used" if unused else "")
+        # Under plain Python this script's models have a strategy, so Keras peeks.
+        symbolic_order.keep_kerass_peek(scope.strategy)
         return scope.strategy
     if resolver is not None and scope.runtime.strategy == "multi_worker":
         raise RunError(
@@ -158,6 +161,7 @@ def _construct(original: type, public_name: str, scope: ScriptScope,
             "use mirrorkit's strategy, or run the script with `python` instead of "
             "`mirrorkit run`.")
     instance = original(*args, **kwargs)
+    symbolic_order.keep_kerass_peek(instance)
     _honoured(scope, call, instance)
     return instance
 

@@ -12,7 +12,10 @@ The same script then fits on a reshuffled ``tf.data`` pipeline, arrays and a
 ``PyDataset`` shuffling with Python's ``random``: under ``mirrorkit run`` every
 per-batch loss (the data order) and Python's and NumPy's next random numbers
 equal the plain run's (``symbolic-build-order``); with it off, the peek before
-``fit`` moves the pipeline and the PyDataset to their second order.
+``fit`` moves the pipeline and the PyDataset to their second order. A model
+built in the script's own strategy's scope peeks under plain Python too (a
+strategy over its one CPU), so under ``mirrorkit run`` it keeps the peek and
+sees plain's order (without that, its first epoch trained on another order).
 """
 
 from __future__ import annotations
