@@ -314,8 +314,8 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "under any tf.distribute strategy fit peeks at one batch before training, drawing the "
         "input's randomness once more: a reshuffled tf.data pipeline or a shuffling PyDataset "
         "trains in another order than without a strategy, and Python's random state moves.",
-        "compat fix 'symbolic-build-order' builds from the input's element_spec (no peek) or "
-        "restores the random states after the peek.",
+        "compat fix 'symbolic-build-order' builds from the element_spec (no peek) or restores "
+        "the random states after it; a script's own strategy keeps the peek, as in plain Python.",
         TESTED_KERAS,
     ),
     KnownIssue(

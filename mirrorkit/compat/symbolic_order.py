@@ -33,11 +33,13 @@ Example:
 from __future__ import annotations
 
 import random
+import weakref
 from typing import Any, Callable
 
 
-# Strategies (by id) that the script itself asked for, whose models peek as in plain Python.
-_SCRIPTS_OWN: set[int] = set()
+# Strategies the script itself asked for, whose models peek as in plain Python. Weak,
+# not by id(): a freed strategy's id can be reused by an unrelated later one.
+_SCRIPTS_OWN: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def keep_kerass_peek(strategy: Any) -> None:
@@ -51,7 +53,7 @@ def keep_kerass_peek(strategy: Any) -> None:
         >>> import tensorflow as tf                                   # doctest: +SKIP
         >>> keep_kerass_peek(tf.distribute.get_strategy())            # doctest: +SKIP
     """
-    _SCRIPTS_OWN.add(id(strategy))
+    _SCRIPTS_OWN.add(strategy)
 
 
 def _spec_batch(iterator: Any) -> Any:
@@ -81,7 +83,7 @@ def make(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = None) -> Any:
         strategy = getattr(self, "_distribute_strategy", None)
-        if iterator is None or strategy is None or id(strategy) in _SCRIPTS_OWN:
+        if iterator is None or strategy is None or strategy in _SCRIPTS_OWN:
             return original(self, iterator=iterator, data_batch=data_batch)
         spec = _spec_batch(iterator)
         if spec is not None:

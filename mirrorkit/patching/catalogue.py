@@ -207,7 +207,8 @@ _FIXES = (
          "tests/compat/test_step_losses.py", tested=TESTED_LATEST),
     _fix("symbolic-build-order", (f"{_TRAINER}._maybe_symbolic_build",),
          "builds the model from the input's element_spec instead of a peeked batch (else "
-         "peeks and puts Python's and NumPy's random states back)",
+         "peeks and puts Python's and NumPy's random states back); a script's own strategy "
+         "keeps the peek, as under plain Python",
          "keras-symbolic-build-order: under a strategy the batch peeked before fit draws the "
          "input's randomness once more (a reshuffled tf.data pipeline, a PyDataset), so fit "
          "trains in another order than plain Python.", "tests/compat/test_symbolic_names.py"),

@@ -16,6 +16,8 @@ equal the plain run's (``symbolic-build-order``); with it off, the peek before
 built in the script's own strategy's scope peeks under plain Python too (a
 strategy over its one CPU), so under ``mirrorkit run`` it keeps the peek and
 sees plain's order (without that, its first epoch trained on another order).
+So does a model in a strategy the script pins to its own devices, which
+mirrorkit leaves to the script.
 """
 
 from __future__ import annotations
