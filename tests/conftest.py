@@ -164,8 +164,6 @@ def conv_mis_shapes_empty_batches() -> bool:
 #   - `@pytest.mark.xdist_group(name)` keeps singletons (the Slurm cluster,
 #     fixed ports) on one worker; tests that use a module-scoped fixture of
 #     their module are grouped per module, so the fixture's work runs once.
-#   - a test outside the fast tier starts when a core is free (tests/cpu_gate.py):
-#     the suite is CPU-bound, and oversubscribed TensorFlow processes cost more.
 #   - each worker gets a private TMPDIR, so what one test finds in the temporary
 #     folder (mirrorkit's private scratch folders, lock files) is its own.
 
@@ -174,12 +172,9 @@ import fcntl  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
-from cpu_gate import CpuGate  # noqa: E402
-
 _LOCK_DIR = pytest.StashKey[Path]()
 _WORKER_TMP = pytest.StashKey[Path]()
 _LOCK = pytest.StashKey["_SessionLock"]()
-_GATE = pytest.StashKey["CpuGate"]()
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
@@ -254,7 +249,6 @@ def pytest_configure(config: pytest.Config) -> None:
     if "mirrorkit_lock_dir" not in worker_input:
         return
     config.stash[_LOCK] = _SessionLock(Path(worker_input["mirrorkit_lock_dir"]))
-    config.stash[_GATE] = CpuGate(Path(worker_input["mirrorkit_lock_dir"]))
     # A private temporary folder per worker, for this process and every one it starts.
     private = Path(tempfile.mkdtemp(prefix=f"mk-{worker_input['workerid']}-"))
     private.chmod(0o1777)   # like /tmp: tests that run a program as another user
@@ -424,7 +418,6 @@ def _cpu_log(item: pytest.Item):
     finally:
         line = json.dumps({"test": item.nodeid, "cpu": round(_cpu_seconds() - start, 2),
                            "wall": round(time.monotonic() - wall, 2),
-                           "gate_wait": round(dict(item.user_properties).get("gate_wait", 0), 2),
                            "end": round(time.time(), 1), "worker": os.environ.get(
                                "PYTEST_XDIST_WORKER", "")})
         with open(log, "a") as out:
@@ -442,9 +435,6 @@ def _held(item: pytest.Item, nextitem):
     if lock is None:
         return (yield)
     if not _exclusive(item):
-        if item.get_closest_marker("fast") is None:
-            # Its processes start when a core is free.
-            item.user_properties.append(("gate_wait", item.config.stash[_GATE].wait()))
         with lock.hold(exclusive=False):
             return (yield)
     # Consecutive exclusive tests on this worker (a module's group) keep the
