@@ -24,6 +24,19 @@ def model_replicas(model: Any) -> int:
         return 1
 
 
+def per_replica_batch_norm(model: Any) -> tuple[str, ...]:
+    """Names of ``model``'s BatchNormalization layers that train on each replica's slice alone.
+
+    Not synchronised and trainable (a frozen one runs in inference mode, the
+    same on any slice). Example: ``per_replica_batch_norm(resnet)`` ->
+    ``("bn_conv1", ...)`` for a ResNet built without ``synchronized=True``.
+    """
+    return tuple(layer.name for layer in model._flatten_layers()
+                 if "BatchNormalization" in type(layer).__name__
+                 and getattr(layer, "trainable", True)
+                 and not getattr(layer, "synchronized", False))
+
+
 def in_multi_worker_mode(strategy: Any) -> bool:
     """True when ``strategy`` is a MultiWorkerMirroredStrategy spanning several workers."""
     import tensorflow as tf

@@ -20,7 +20,7 @@ import weakref
 from typing import Any, Callable, Iterator
 
 from mirrorkit.patching import engine
-from mirrorkit.strategy_facts import model_replicas
+from mirrorkit.strategy_facts import model_replicas, per_replica_batch_norm
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +109,8 @@ def _method_wrapper(method: Callable[..., Any], scale: bool, warned: set[str],
             _scale_batch(bound, replicas, prebatched, warned)
         if method.__name__ == "fit" and not prebatched and replicas > 1:
             _drop_empty_replica_batch(bound, replicas, warned)
+        if method.__name__ == "fit" and replicas > 1:
+            _note_per_replica_batch_norm(self, replicas, warned)
         if checked is not None and method.__name__ == "fit" and replicas > 1 \
                 and self not in checked:
             from mirrorkit.runner.one_device_check import check_fit
@@ -134,6 +136,24 @@ def _method_wrapper(method: Callable[..., Any], scale: bool, warned: set[str],
     wrapper.__doc__ = method.__doc__
     wrapper.__wrapped__ = method  # type: ignore[attr-defined]
     return wrapper
+
+
+def _note_per_replica_batch_norm(model: Any, replicas: int, warned: set[str]) -> None:
+    # The one difference from plain Python's numbers that mirrorkit leaves by
+    # default (tf.distribute's and every framework's default, and it costs
+    # all-reduces to change): said once, so it is never silent.
+    names = per_replica_batch_norm(model)
+    if not names or "batch_norm" in warned:
+        return
+    warned.add("batch_norm")
+    logger.warning(
+        "%d BatchNormalization layer%s of %s (%s) normalise%s each replica's slice of "
+        "the batch (%d replicas) with that slice's own statistics, as tf.distribute does: losses and "
+        "weights differ a little from plain Python's. mirrorkit run --sync-batch-norm "
+        "gives plain Python's numbers.", len(names), "" if len(names) == 1 else "s",
+        repr(getattr(model, "name", "the model")),
+        ", ".join(names[:3]) + (", ..." if len(names) > 3 else ""),
+        "s" if len(names) == 1 else "", replicas)
 
 
 def _scale_batch(bound: inspect.BoundArguments, replicas: int, prebatched: bool,

@@ -60,6 +60,7 @@ from mirrorkit.runner.one_device_copy import (
     seed_states,
 )
 from mirrorkit.runner.one_device_verdict import PREFIX, Context, Step, Verdict, compare
+from mirrorkit.strategy_facts import per_replica_batch_norm
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +143,7 @@ def _check(model: Any, bound: inspect.BoundArguments, replicas: int) -> Verdict:
             engine.on_object("one-device-check", model, "train_function", None)
     # Where both sides draw the same numbers, randomness explains no difference.
     randomness = () if same_draws else _random_layers(model, {id(l) for l, _ in quiet})
-    context = Context(batch_norm=_per_replica_batch_norm(model), randomness=randomness,
+    context = Context(batch_norm=per_replica_batch_norm(model), randomness=randomness,
                       quieted=tuple(layer.name for layer, _ in quiet),
                       global_batch=_rows(batch))
     return compare(Step(logs=distributed, updates=updates), one, old=before.weights,
@@ -196,12 +197,6 @@ def _replica_random_applied() -> bool:
     from mirrorkit.compat import FIXES
 
     return FIXES["replica-random"].is_applied()
-
-
-def _per_replica_batch_norm(model: Any) -> tuple[str, ...]:
-    return tuple(layer.name for layer in model._flatten_layers()
-                 if "BatchNormalization" in type(layer).__name__
-                 and not getattr(layer, "synchronized", False))
 
 
 def _random_layers(model: Any, quieted: set[int]) -> tuple[str, ...]:

@@ -5,8 +5,10 @@ batch_norm_cnn.py), three ways at once: ``python script.py`` (the
 reference); ``mirrorkit run --sync-batch-norm --compare-one-device`` on 2
 replicas (the losses, moving means and weights of plain Python, and the
 one-device check says "same"); and, the control, ``mirrorkit run`` without
-the flag, whose per-replica statistics move every number. In-process: an
-explicit ``synchronized`` argument is kept and nothing outlives the block.
+the flag, whose per-replica statistics move every number (one line says so
+and names the flag). In-process: an explicit ``synchronized`` argument is kept
+and nothing outlives the block; only trainable, unsynchronised layers count
+as per-replica.
 """
 
 from __future__ import annotations
@@ -48,9 +50,13 @@ def test_synchronised_batch_norm_gives_plain_pythons_numbers_and_per_replica_doe
     stderr = procs["sync"].stderr
     assert "synchronise their statistics across the 2 replicas (--sync-batch-norm)" in stderr
     assert "mirrorkit: one-device check: same (" in stderr, stderr[-2000:]
-    # Without the flag each replica normalises its own 16 examples.
+    # Without the flag each replica normalises its own 16 examples, and one line says so.
     assert per_replica["loss"][0] != pytest.approx(plain["loss"][0], rel=1e-4)
     assert per_replica["moving_mean"] != pytest.approx(plain["moving_mean"], rel=1e-3)
+    assert procs["per_replica"].stderr.count("normalise each replica's slice of the batch") == 1
+    assert "2 BatchNormalization layers of 'sequential'" in procs["per_replica"].stderr
+    assert "--sync-batch-norm gives plain Python's numbers" in procs["per_replica"].stderr
+    assert "normalise each replica's slice" not in stderr
 
 
 @pytest.mark.fast
@@ -69,3 +75,17 @@ def test_an_explicit_setting_is_kept_and_nothing_outlives_the_block():
     assert not keras.layers.BatchNormalization().synchronized
     with synchronized_batch_norm(False):
         assert not keras.layers.BatchNormalization().synchronized
+
+
+@pytest.mark.fast
+def test_only_trainable_unsynchronised_batch_norm_is_per_replica():
+    keras = pytest.importorskip("keras")
+    from mirrorkit.strategy_facts import per_replica_batch_norm
+
+    frozen = keras.layers.BatchNormalization(name="frozen")
+    frozen.trainable = False   # inference mode: the same statistics on any slice
+    inner = keras.Sequential([keras.layers.BatchNormalization(name="inner")], name="block")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.BatchNormalization(name="own"),
+                              keras.layers.BatchNormalization(name="synced", synchronized=True),
+                              frozen, inner])
+    assert per_replica_batch_norm(model) == ("own", "inner")
