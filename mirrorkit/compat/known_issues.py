@@ -115,8 +115,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "under MultiWorkerMirroredStrategy Keras reduces scalar step logs on axis 0 "
         "('Invalid reduction dimension 0 for input with 0 dimensions').",
         "compat fix 'scalar-logs' reduces scalars with axis=None; applied with the "
-        "multi-worker strategy (mirrorkit.fix_multi_worker() otherwise).",
-        TESTED_KERAS,
+        "multi-worker strategy (mirrorkit.fix_multi_worker() otherwise).", TESTED_KERAS,
     ),
     KnownIssue(
         "keras-chief-saving", "keras", "3.0", None,
@@ -136,8 +135,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "keras#19246", "keras", "3.0", None,
         "steps_per_execution > 1 in fit fails under MirroredStrategy with 2+ replicas.",
         "compat fix 'multi-step' runs the steps in a while loop without a cond around "
-        "the step; applied with any multi-replica strategy mirrorkit creates.",
-        TESTED_KERAS,
+        "the step; applied with any multi-replica strategy mirrorkit creates.", TESTED_KERAS,
     ),
     KnownIssue(
         "tensorflow#30968", "tensorflow", "2.0", None,
@@ -154,8 +152,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         "replica under a strategy with 2+ replicas: predict_on_batch returns N times the "
         "rows (64 for 32 images on 2 replicas), summing metrics count N times.",
         "compat fixes 'predict-on-batch', 'test-on-batch', 'train-on-batch' split the "
-        "batch across the replicas where that gives one device's results exactly.",
-        TESTED_KERAS,
+        "batch across the replicas where that gives one device's results exactly.", TESTED_KERAS,
     ),
     KnownIssue(
         "keras#19308", "keras", "3.0", None,
@@ -328,18 +325,21 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     ),
     KnownIssue(
         "keras-uneven-batch-losses", "keras", "3.0", None,
-        "under N replicas a batch that does not split evenly (a last batch of 5 on 2 "
-        "replicas) weighs each replica's mean loss 1/N, so the rows of the smaller slice "
-        "count more than on one device and that step's update differs from plain Python's.",
+        "under N replicas a batch that does not split evenly (5 rows on 2 replicas) weighs "
+        "each replica's mean 1/N: the smaller slice's rows count more than on one device.",
         "compat fix 'uneven-batch-losses' weighs each replica's loss share by its rows.",
         TESTED_KERAS,
     ),
     KnownIssue(
+        "keras-sparse-gradient-sums", "keras", "3.0", None,
+        "under N replicas a lookup's IndexedSlices gradient arrives once per replica and "
+        "Adam-like optimizers square each part apart: an embedding's update differs.",
+        "compat fix 'sparse-gradient-sums' sums equal-index slices row by row.", TESTED_KERAS,
+    ),
+    KnownIssue(
         "keras-replica-random", "keras", "3.0", None,
-        "under N replicas every replica draws the same Dropout masks, noise, random "
-        "augmentation and keras.random numbers (one SeedGenerator state, the replica's own "
-        "slice shape): replica 0 gets the first rows of one device's draw and the others "
-        "repeat them, so training is silently less random than on one device.",
+        "under N replicas every replica draws the same Dropout masks, noise, augmentation "
+        "and keras.random numbers (one SeedGenerator state): less random than one device.",
         "compat fix 'replica-random' gives each replica its own rows of the global draw.",
         TESTED_KERAS,
     ),

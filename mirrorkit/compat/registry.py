@@ -25,36 +25,12 @@ import logging
 from typing import Any, Iterable
 
 from mirrorkit import _env
-from mirrorkit.compat import (
-    accumulation,
-    allocator,
-    batch_metrics,
-    batch_sums,
-    cross_replica_step,
-    empty_conv,
-    generator_copies,
-    known_issues,
-    layer_losses,
-    logged_losses,
-    mean_gradients,
-    multistep,
-    no_call_build,
-    no_gradient_losses,
-    on_batch,
-    overridden_losses,
-    paired_losses,
-    probes,
-    replica_random,
-    scalar_losses,
-    scalar_logs,
-    static_batches,
-    step_metrics,
-    step_variables,
-    symbolic_build,
-    symbolic_names,
-    symbolic_order,
-    uneven_batches,
-    xla_cpu,
+from mirrorkit.compat import (  # one module per fix, and the modules they share
+    accumulation, allocator, batch_metrics, batch_sums, cross_replica_step, empty_conv,
+    generator_copies, known_issues, layer_losses, logged_losses, mean_gradients, multistep,
+    no_call_build, no_gradient_losses, on_batch, overridden_losses, paired_losses, probes,
+    replica_random, scalar_losses, scalar_logs, sparse_sums, static_batches, step_metrics,
+    step_variables, symbolic_build, symbolic_names, symbolic_order, uneven_batches, xla_cpu,
 )
 from mirrorkit.compat.fix import Decision, Fix, FixUnavailable
 from mirrorkit.patching import switches
@@ -190,6 +166,9 @@ FIXES: dict[str, Fix] = {fix.name: fix for fix in (
     Fix("static-batch-shapes", "Cannot take the length of shape with unknown rank",
         ("tensorflow.python.distribute.input_lib", "build", "DistributedDataset"),
         static_batches.make_build),
+    Fix("sparse-gradient-sums", "an embedding's Adam update differs under replicas",
+        ("keras.src.backend.tensorflow.optimizer", "_all_reduce_sum_gradients", "TFOptimizer"),
+        sparse_sums.make),
     Fix("xla-cpu-replicas", "Collectives are not yet implemented for CPU devices",
         ("keras.src.trainers.trainer", "model_supports_jit", None), xla_cpu.make),
 )}

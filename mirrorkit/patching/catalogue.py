@@ -237,6 +237,14 @@ _FIXES = (
          "dataset gets a batch dimension of None, so code that is right in one process "
          "(ops.squeeze of a batch of labels, keras.io's supervised contrastive loss) fails "
          "on every worker.", "tests/compat/test_static_batches.py", tested=TESTED_LATEST),
+    _fix("sparse-gradient-sums",
+         ("keras.src.backend.tensorflow.optimizer.TFOptimizer._all_reduce_sum_gradients",),
+         "adds up, row by row, the replicas' sparse gradient slices that carry the same "
+         "indices (a position embedding), after the all-reduce concatenated them",
+         "keras-sparse-gradient-sums: under N replicas a lookup's IndexedSlices gradient "
+         "arrives once per replica and Adam-like optimizers square each part apart, so an "
+         "embedding's update differs from one device's.", "tests/compat/test_sparse_sums.py",
+         tested=TESTED_LATEST),
     _fix("xla-cpu-replicas", ("keras.src.trainers.trainer.model_supports_jit",),
          "a model whose strategy has 2+ replicas, all CPU devices, does not support "
          "jit_compile (Keras then trains it without XLA), and one line says why",
