@@ -1,4 +1,4 @@
-"""The ``sparse-gradient-sums`` fix: an embedding's sparse gradient reaches the optimizer as on one device.
+"""The ``sparse-gradient-sums`` fix: an embedding's sparse gradient reaches Adam as on one device.
 
 A variable read through a lookup (``keras.layers.Embedding``, ``ops.take``)
 gets a sparse gradient (``tf.IndexedSlices``: rows and their indices). Under

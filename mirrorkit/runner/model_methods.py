@@ -139,18 +139,21 @@ def _method_wrapper(method: Callable[..., Any], scale: bool, warned: set[str],
 
 
 def _note_per_replica_batch_norm(model: Any, replicas: int, warned: set[str]) -> None:
-    # The one difference from plain Python's numbers that mirrorkit leaves by
-    # default (tf.distribute's and every framework's default, and it costs
-    # all-reduces to change): said once, so it is never silent.
+    # A difference from plain Python's numbers that mirrorkit leaves by default
+    # (tf.distribute's and every framework's default; changing it costs
+    # all-reduces): said once, so it is never silent.
+    if "batch_norm" in warned:
+        return
     names = per_replica_batch_norm(model)
-    if not names or "batch_norm" in warned:
+    if not names:
         return
     warned.add("batch_norm")
     logger.warning(
         "%d BatchNormalization layer%s of %s (%s) normalise%s each replica's slice of "
-        "the batch (%d replicas) with that slice's own statistics, as tf.distribute does: losses and "
-        "weights differ a little from plain Python's. mirrorkit run --sync-batch-norm "
-        "gives plain Python's numbers.", len(names), "" if len(names) == 1 else "s",
+        "the batch (%d replicas) with that slice's own statistics, as tf.distribute does: "
+        "losses and weights differ a little from plain Python's. mirrorkit run "
+        "--sync-batch-norm gives plain Python's numbers.",
+        len(names), "" if len(names) == 1 else "s",
         repr(getattr(model, "name", "the model")),
         ", ".join(names[:3]) + (", ..." if len(names) > 3 else ""),
         "s" if len(names) == 1 else "", replicas)
