@@ -27,10 +27,11 @@ from typing import Any, Iterable
 from mirrorkit import _env
 from mirrorkit.compat import (  # one module per fix, and the modules they share
     accumulation, allocator, batch_metrics, batch_sums, cross_replica_step, empty_conv,
-    generator_copies, known_issues, layer_losses, logged_losses, mean_gradients, multistep,
-    no_call_build, no_gradient_losses, on_batch, overridden_losses, paired_losses, probes,
-    replica_random, scalar_losses, scalar_logs, sparse_sums, static_batches, step_metrics,
-    step_variables, symbolic_build, symbolic_names, symbolic_order, uneven_batches, xla_cpu,
+    generator_copies, known_issues, layer_losses, logged_losses, masked_means, mean_gradients,
+    multistep, no_call_build, no_gradient_losses, on_batch, overridden_losses, paired_losses,
+    probes, replica_random, scalar_losses, scalar_logs, sparse_sums, static_batches,
+    step_metrics, step_variables, symbolic_build, symbolic_names, symbolic_order,
+    uneven_batches, xla_cpu,
 )
 from mirrorkit.compat.fix import Decision, Fix, FixUnavailable
 from mirrorkit.patching import switches
@@ -111,6 +112,9 @@ FIXES: dict[str, Fix] = {fix.name: fix for fix in (
         (_LOSS, "reduce_values", None), layer_losses.make),
     Fix("scalar-losses", "a loss returning a scalar trains at N times",
         (_LOSS, "reduce_weighted_values", None), scalar_losses.make),
+    # Stacks on scalar-losses' wrapper of the same function.
+    Fix("masked-loss-means", "a masked loss averages per replica, not over the batch",
+        (_LOSS, "reduce_weighted_values", None), masked_means.make),
     Fix("overridden-loss-call", "a Loss overriding __call__ trains at N times",
         ("keras.src.trainers.compile_utils", "build", "CompileLoss"),
         overridden_losses.make_build,

@@ -130,6 +130,14 @@ _FIXES = (
          "keras-scalar-loss-scaling: a loss function or Loss.call returning a scalar is not "
          "divided by N under N replicas, so evaluate reports N times the loss and every step "
          "moves the weights N times as far.", "tests/compat/test_scalar_losses.py"),
+    _fix("masked-loss-means", (f"{_LOSS}.reduce_weighted_values",),
+         "a loss with a Keras mask (or reduction mean_with_sample_weight) is divided by the "
+         "global batch's valid entries (sum of weights), one sum of the replicas' counts per "
+         "call",
+         "keras-masked-loss-means: under N replicas a masked loss (Embedding(mask_zero=True), "
+         "ignore_class) averages over each replica's own valid entries, so replicas with "
+         "short sequences weigh more and the update and the logged loss differ from one "
+         "device's.", "tests/compat/test_masked_means.py"),
     _fix("overridden-loss-call", ("keras.src.trainers.compile_utils.CompileLoss.build",
                                   f"{_LOSS}.scale_loss_for_distribution"),
          "a compiled Loss whose class overrides __call__ runs on the global batch (every "
