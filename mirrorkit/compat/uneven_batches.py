@@ -23,10 +23,12 @@ always even and skips it. On one worker the rows are counted before the step
 replicas' row counts (shared with ``replica-random``; measured 0.4-2.8 ms per
 step of a small Dense model on 2 loopback workers, ~12 ms steps).
 
-Not covered: steps compiled by XLA (``jit_compile=True``),
-``reduction="mean_with_sample_weight"`` (the exact divisor is the global sum
-of weights, not of rows), and losses a custom loop averages itself (``tf.nn.compute_average_loss`` with ``global_batch_size`` is exact
-already; without it, it divides by the replica's rows times N like Keras).
+Not covered: steps compiled by XLA (``jit_compile=True``) and losses a
+custom loop averages itself (``tf.nn.compute_average_loss`` with
+``global_batch_size`` is exact already; without it, it divides by the
+replica's rows times N like Keras). A loss divided by a count other than the
+rows (a Keras mask, ``reduction="mean_with_sample_weight"``) is
+:mod:`mirrorkit.compat.masked_means`'s, which relies on this weighing.
 
 Example:
     >>> from keras.src.losses import loss                        # doctest: +SKIP
