@@ -38,9 +38,12 @@ _WEIGHT_MEAN = "mean_with_sample_weight"
 
 
 def _inside_layer_call() -> bool:
+    """In a layer's call (``add_loss``: layer-losses' case) or Keras's output inference?"""
     from keras.src.backend.common import global_state
+    from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
-    return global_state.get_global_attribute("current_call_ctx") is not None
+    return global_state.get_global_attribute("current_call_ctx") is not None \
+        or in_symbolic_scope()
 
 
 def _handled(kind: str, sample_weight: Any, mask: Any) -> bool:

@@ -156,13 +156,20 @@ def inside(step_graph: Any) -> bool:
 
     False inside an XLA-compiled function (``jit_compile=True``): the gather's
     collective is left out of graphs XLA must compile, and the step keeps
-    upstream's behaviour.
+    upstream's behaviour. False in Keras's symbolic scope too: a layer
+    without ``compute_output_shape`` first called in the step is called on
+    symbolic tensors in a scratch graph to infer its output (keras.io's
+    SimCLR ``RandomColorAffine``); nothing there runs, and across workers a
+    collective there fails ("merge_call called while defining a new graph").
     """
     import tensorflow as tf
+    from keras.src.backend.common.symbolic_scope import in_symbolic_scope
     from tensorflow.python.ops import control_flow_util
 
     if tf.executing_eagerly():
         return step_graph is None
+    if in_symbolic_scope():
+        return False
     graph = tf.compat.v1.get_default_graph()
     if control_flow_util.GraphOrParentsInXlaContext(graph):
         return False

@@ -132,6 +132,8 @@ def test_random_layers_train_as_in_plain_python_under_run_and_launch(tmp_path):
         assert largest_difference(got, plain) < 1e-6
         # Augmentation in a tf.data map: drawn once for the global batch.
         assert largest_difference(got["pipeline"], plain["pipeline"]) < 1e-6
+        # A custom step's augmenter built inside the step (its symbolic call draws nothing).
+        assert largest_difference(got["step"], plain["step"]) < 1e-6
     # The control: upstream's draws train another model.
     (upstream,) = train(run, tmp_path / "upstream", MIRRORKIT_COMPAT_DISABLE="replica-random")
     assert largest_difference(upstream, plain) > 1e-2
