@@ -84,6 +84,8 @@ _COLLECTIVES = ("Collective", "Nccl")
 _LINEAR = {"Identity", "Cast", "Neg", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
            "Snapshot", "EnsureShape"}
 _REDUCTIONS = {"Sum": 1, "Mean": 0}
+# Gathers whose second input is the ids: (params, indices, ...) and (resource, indices).
+_LOOKUPS = {"GatherV2", "Gather", "ResourceGather"}
 # A 2-D product of two per-row tensors: (batch, d) x (d, batch) scores every
 # pair of examples, (d, batch) x (batch, d) sums outer products over them.
 PAIRING = {"MatMul"}
@@ -210,6 +212,13 @@ class Reader:
         if kind in ("Fill", "BroadcastTo", "ZerosLike", "OnesLike"):
             # A tensor shaped like the batch (tf.ones(tf.shape(x))) is per-row.
             return ROWS if {ROWS, SHAPE, SIZES} & set(states) else None
+        if tensor.dtype == tf.variant and ROWS in states:
+            # A TensorList of per-row tensors (a recurrent layer's loop over the
+            # time steps carries each row's state): what it stacks is per-row.
+            return ROWS
+        if kind in _LOOKUPS and len(states) > 1 and states[1] == ROWS:
+            # A table looked up with per-row ids (an Embedding): row i is example i's.
+            return ROWS
         floating = [s for s, t in zip(states, op.inputs) if t.dtype.is_floating]
         return _combine(kind, floating or states, tensor.shape.rank)
 

@@ -50,6 +50,8 @@ _LOGGED_N_TIMES = frozenset({loss_parts.SHARE, loss_parts.SUM})
 # Only a mean over the replica's own rows: a batch-independent value (a
 # regularizer, a metric on the gathered batch) is the same whoever logs it.
 _ROW_MEANS = frozenset({loss_parts.MEAN})
+# Masked means written by hand: weighed by their denominators' parts.
+_RATIOS = frozenset({loss_parts.RATIO})
 
 
 def make_loss_call(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -124,12 +126,16 @@ def whole(value: Any, *, averaged: bool = True) -> Any:
         parts = loss_parts.reader(context)
         n_times = parts.split(value, _LOGGED_N_TIMES)
         means = parts.split(value, _ROW_MEANS) if averaged else []
+        ratios = parts.split(value, _RATIOS)
     except Exception:  # noqa: BLE001 -- reading a log must never fail the step
         logger.debug("mirrorkit: could not read a step's log", exc_info=True)
         return value
     out = value
+    n = context.num_replicas_in_sync
     if n_times:
-        out += (context.num_replicas_in_sync - 1) * loss_parts.combined(n_times, value.dtype)
+        out += (n - 1) * loss_parts.combined(n_times, value.dtype)
+    if ratios:
+        out += _ratio_terms(parts, ratios, context, value.dtype, averaged=averaged)
     # Only for a mean of the rows: across workers the rows' count may take a
     # collective in the step, which no other log should cost.
     uneven = uneven_batches.weight() if means else None
@@ -139,6 +145,27 @@ def whole(value: Any, *, averaged: bool = True) -> Any:
         rows, total = (tf.cast(w, value.dtype) for w in uneven)
         out += (tf.math.divide_no_nan(rows, total) - 1) * loss_parts.combined(means, value.dtype)
     return out
+
+
+def _ratio_terms(parts: Any, ratios: list, context: Any, dtype: Any, *, averaged: bool) -> Any:
+    """What makes each ratio part (a masked mean by hand) log as one device's.
+
+    One device logs the whole batch's sum over the whole batch's denominator.
+    Averaged over the replicas, a replica's part of that is its ratio times N
+    times its denominator's part; weighed by the rows (Keras's loss tracker),
+    times the global rows over its own instead of N.
+    """
+    import tensorflow as tf
+
+    n = float(context.num_replicas_in_sync)
+    rows = None if averaged else uneven_batches.weight()
+    per_row = 1.0 if rows is None else tf.math.divide_no_nan(
+        *(tf.cast(w, tf.float32) for w in rows))
+    terms = []
+    for part, coef in ratios:
+        factor = parts.ratio_weight(part, context) * n / per_row
+        terms.append(tf.cast((factor - 1.0) * coef, dtype) * tf.cast(part, dtype))
+    return tf.add_n(terms)
 
 
 def make_update_state(original: Callable[..., Any]) -> Callable[..., Any]:

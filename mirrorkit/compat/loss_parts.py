@@ -15,6 +15,11 @@ is, read from its graph back through its scalar arithmetic:
     A mean over the replica's rows, or a value that does not depend on the
     batch (a regularizer): each replica's is an estimate of the whole, so
     the gradients add up to N times one device's; a log is right.
+``ratio``
+    A sum over the replica's rows divided by another such sum (a masked mean
+    written by hand: ``reduce_sum(loss * mask) / reduce_sum(mask)``, keras.io's
+    image captioning): one device divides by the whole batch's sum, so a
+    replica's part of it is its denominator over the replicas' total.
 ``mixed``
     A sum of parts of different kinds, split along additions and factors
     that depend on no share and not on the batch.
@@ -22,8 +27,10 @@ is, read from its graph back through its scalar arithmetic:
     Anything else (a maximum over the batch, a product of two means):
     no weighting of it is known to be exact.
 
-``hand-mean-gradients`` weighs the gradient of the mean parts by 1/N;
-``logged-step-losses`` logs N times the share and sum parts.
+``hand-mean-gradients`` weighs the gradient of the mean parts by 1/N and of
+a ratio by its denominator's part (:meth:`Parts.ratio_weight`);
+``logged-step-losses`` logs N times the share and sum parts, and a ratio
+N times its denominator's part.
 
 Example:
     >>> Parts(batch_graph.Reader(16)).kind(loss)          # doctest: +SKIP
@@ -36,10 +43,12 @@ from typing import Any
 
 from mirrorkit.compat import batch_graph, shares, step_rows
 
-INDEP, MEAN, SUM, SHARE, MIXED, OTHER = "indep", "mean", "sum", "share", "mixed", "other"
+INDEP, MEAN, SUM, SHARE, RATIO, MIXED, OTHER = (
+    "indep", "mean", "sum", "share", "ratio", "mixed", "other")
 _ADDS = frozenset({"AddV2", "Add", "AddN", "Sub"})
 _SAME = frozenset({"Identity", "Cast", "Snapshot", "EnsureShape"})
-_SCALES = frozenset({"Mul", "RealDiv", "Div", "DivNoNan"})
+_DIVIDES = frozenset({"RealDiv", "Div", "DivNoNan"})
+_SCALES = _DIVIDES | {"Mul"}
 
 
 class Parts:
@@ -80,8 +89,34 @@ class Parts:
                 return carrier, other, op.type != "Mul"
         return None
 
+    def ratio(self, tensor: Any) -> Any | None:
+        """The denominator when ``tensor`` is a sum over the rows over another one, else None.
+
+        Only a denominator that is a reduction (a mask's or weights' sum): a
+        sum over the rows divided by the batch size is a mean.
+        """
+        op, inputs = tensor.op, list(tensor.op.inputs)
+        if op.type not in _DIVIDES or len(inputs) != 2 or tensor.shape.rank != 0 \
+                or self.has_share(tensor):
+            return None
+        top, bottom = inputs
+        if self.reader.state(top) != 1 or self.reader.state(bottom) != 1:
+            return None
+        base = bottom
+        while base.op.type in _SAME and base.op.inputs:
+            base = base.op.inputs[0]
+        return bottom if base.op.type == "Sum" else None
+
+    def ratio_weight(self, tensor: Any, context: Any) -> Any:
+        """This replica's denominator over the replicas' total (float32; one sum per call)."""
+        import tensorflow as tf
+
+        bottom = tf.cast(self.ratio(tensor), tf.float32)
+        total = tf.stop_gradient(context.all_reduce(tf.distribute.ReduceOp.SUM, bottom))
+        return tf.math.divide_no_nan(tf.stop_gradient(bottom), total)
+
     def kind(self, tensor: Any) -> str:
-        """``tensor``'s kind: INDEP, MEAN, SUM, SHARE, MIXED or OTHER."""
+        """``tensor``'s kind: INDEP, MEAN, SUM, SHARE, RATIO, MIXED or OTHER."""
         key = tensor.ref()
         if key not in self.kinds:
             self.kinds[key] = self._kind(tensor)
@@ -102,6 +137,8 @@ class Parts:
             scaled = self.scaled(tensor)
             if scaled is not None:
                 return self.kind(scaled[0])
+            if self.ratio(tensor) is not None:
+                return RATIO
         if self.has_share(tensor):
             return OTHER
         return {batch_graph.INDEP: INDEP, 0: MEAN, 1: SUM}.get(self.reader.state(tensor), OTHER)

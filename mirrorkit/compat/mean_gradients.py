@@ -22,6 +22,10 @@ for the strategy), from the loss back through its scalar arithmetic:
   the whole: its gradient is weighed by 1/N (by the replica's rows over
   the global batch's on an uneven split, as ``uneven-batch-losses`` weighs
   Keras's own shares);
+* a masked mean written by hand (``reduce_sum(loss * mask) / reduce_sum(mask)``,
+  keras.io's image captioning) is weighed by its denominator over the
+  replicas' total (one sum per step), the part of one device's denominator
+  the replica holds;
 * a Keras share (a ``Loss`` call, ``compute_loss``, ``tf.nn.compute_average_loss``:
   see ``logged-step-losses``) is scaled already, and a *sum* over the rows
   (``ops.sum``, a sum divided by the global batch size written as a number)
@@ -101,12 +105,17 @@ def plan(target: Any, context: Any) -> tuple[list[Any], list[Any]] | None:
     weight = _weight(context)
     if kind in _WEIGHED:
         return [target], [tf.cast(weight, target.dtype) * tf.ones_like(target)]
-    means = parts.split(target, _WEIGHED)
-    if not means:
+    if kind == loss_parts.RATIO:
+        return [target], [tf.cast(parts.ratio_weight(target, context), target.dtype)
+                          * tf.ones_like(target)]
+    found = parts.split(target, _WEIGHED | {loss_parts.RATIO})
+    if not found:
         return None
-    return ([target, *(part for part, _ in means)],
-            [tf.ones_like(target), *(tf.cast((weight - 1.0) * coef, part.dtype)
-                                      for part, coef in means)])
+    weights = [parts.ratio_weight(part, context) if parts.kind(part) == loss_parts.RATIO
+               else weight for part, _ in found]
+    return ([target, *(part for part, _ in found)],
+            [tf.ones_like(target), *(tf.cast((w - 1.0) * coef, part.dtype)
+                                      for w, (part, coef) in zip(weights, found))])
 
 
 def _applies(target: Any, output_gradients: Any) -> Any:

@@ -207,8 +207,9 @@ _FIXES = (
     _fix("hand-mean-gradients", ("tensorflow.python.eager.backprop.GradientTape.gradient",),
          "in fit's step on 2+ replicas, the part of the differentiated loss that is a mean "
          "over the replica's rows (or independent of the batch) has its gradient weighed by "
-         "1/N (rows over global rows on an uneven split), through the tape's "
-         "output_gradients; Keras shares and sums over the rows are left as they are",
+         "1/N (rows over global rows on an uneven split), a hand-written masked mean's by its "
+         "mask's sum over the replicas' total, through the tape's output_gradients; Keras "
+         "shares and sums over the rows are left as they are",
          "keras-hand-mean-gradients: under N replicas a loss a custom train_step or an "
          "overridden compute_loss averages by hand (ops.mean, keras.io's Variational "
          "AutoEncoder) is not divided by N, so the summed gradient is N times one device's.",

@@ -96,3 +96,47 @@ def test_a_mixed_loss_splits_into_its_parts_with_their_coefficients():
     sums = _read(losses, wanted=frozenset({loss_parts.SUM}))["mixed"]
     assert means == [("Mean", 0.5)]
     assert sums == [("RealDiv", -0.5)]
+
+
+def test_a_mask_sum_divided_by_the_mask_count_is_a_ratio_not_a_mean():
+    from keras import ops
+
+    def losses(x, y, pred, kernel):
+        error = ops.square(pred - y)
+        mask = ops.cast(ops.greater(y, 0.5), "float32")
+        return {"masked_mean": ops.sum(error * mask) / ops.sum(mask),
+                "masked_mean_no_nan": ops.divide_no_nan(ops.sum(error * mask), ops.sum(mask)),
+                # Over the batch size it stays a mean (no collective needed).
+                "over_rows": ops.sum(error * mask) / ops.cast(ops.shape(x)[0], "float32"),
+                "ratio_and_regularizer": ops.sum(error * mask) / ops.sum(mask)
+                + 0.01 * ops.sum(ops.square(kernel))}
+
+    assert _read(losses) == {"masked_mean": "ratio", "masked_mean_no_nan": "ratio",
+                             "over_rows": "mean", "ratio_and_regularizer": "mixed"}
+
+
+def test_embedding_lookups_and_recurrent_layers_keep_their_rows():
+    # An Embedding's output is per-row (its ids are), and so is an LSTM's loop
+    # over the time steps: a sum over them is a sum, not a mean.
+    import keras
+    import tensorflow as tf
+    from keras import layers, ops
+
+    from mirrorkit.compat import batch_graph, loss_parts
+
+    embed = layers.Embedding(30, 4)
+    lstm = layers.LSTM(4, return_sequences=True)
+    found = {}
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 5], tf.int32)])
+    def step(ids):
+        parts = loss_parts.Parts(batch_graph.Reader(None))
+        looked_up = embed(ids)
+        found["lookup"] = parts.reader.state(looked_up)
+        found["sum"] = parts.kind(ops.sum(lstm(looked_up)))
+        found["mean"] = parts.kind(ops.mean(ops.sum(lstm(looked_up), axis=(1, 2))))
+        return looked_up
+
+    step(tf.ones([4, 5], tf.int32))
+    assert found == {"lookup": batch_graph.ROWS, "sum": "sum", "mean": "mean"}
+    assert keras.backend.backend() == "tensorflow"
