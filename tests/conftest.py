@@ -447,3 +447,50 @@ def _held(item: pytest.Item, nextitem):
     finally:
         if not _exclusive(nextitem):
             lock.release_exclusive()
+
+
+def compare_jobs(script: Path, **controls: dict[str, str]) -> dict[str, tuple[list[str], dict]]:
+    """The runs that compare an unmodified ``script`` with plain Python, by name.
+
+    ``plain`` (``python script.py``), ``run`` (``mirrorkit run`` on 2 simulated
+    CPUs), ``launch`` (2 workers, each under ``mirrorkit run``), and one
+    ``run`` per ``controls`` entry with those environment variables (a fix
+    turned off by name). Each is ``(command, environment)`` for :func:`run_jobs`.
+
+    Example:
+        jobs = compare_jobs(SCRIPT, off={"MIRRORKIT_COMPAT_DISABLE": "sparse-gradient-sums"})
+    """
+    run = [sys.executable, "-m", "mirrorkit", "run", "--simulate-cpus", "2", str(script)]
+    jobs = {"plain": ([sys.executable, str(script)], {}), "run": (run, {}),
+            "launch": ([sys.executable, "-m", "mirrorkit", "launch", "-n", "2", "--",
+                        "mirrorkit", "run", str(script)], {})}
+    jobs.update({name: (run, env) for name, env in controls.items()})
+    return jobs
+
+
+def run_jobs(jobs: dict[str, tuple[list[str], dict]], folder: Path, *,
+             tag: str = "RESULT ") -> dict[str, list[dict]]:
+    """Run ``jobs`` two at a time, each in its own subfolder; each one's ``tag`` JSON lines.
+
+    A job that exits non-zero or prints no such line fails the test with its output.
+
+    Example:
+        found = run_jobs(compare_jobs(SCRIPT), tmp_path)   # found["launch"]: one per worker
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(name: str) -> list[dict]:
+        command, env = jobs[name]
+        cwd = folder / name
+        cwd.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(command, cwd=str(cwd), env=clean_env(**env), capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        found = [json.loads(line.split(tag, 1)[1]) for line in proc.stdout.splitlines()
+                 if tag in line]
+        assert found, proc.stdout[-2000:]
+        return found
+
+    with ThreadPoolExecutor(2) as pool:
+        futures = {name: pool.submit(one, name) for name in jobs}
+        return {name: future.result() for name, future in futures.items()}

@@ -10,35 +10,16 @@ reaches Adam once per replica, squared apart, and its rows end 30 % off.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import REPO, clean_env, result_line
+from conftest import REPO, clean_env, compare_jobs, result_line, run_jobs
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = str(REPO / "tests" / "fixtures" / "sparse_sums.py")
-RUN = [sys.executable, "-m", "mirrorkit", "run", "--simulate-cpus", "2", SCRIPT]
-JOBS = {
-    "plain": ([sys.executable, SCRIPT], {}),
-    "run": (RUN, {}),
-    "off": (RUN, {"MIRRORKIT_COMPAT_DISABLE": "sparse-gradient-sums"}),
-    "launch": ([sys.executable, "-m", "mirrorkit", "launch", "-n", "2", "--",
-                "mirrorkit", "run", SCRIPT], {}),
-}
-
-
-def _results(command: list[str], env: dict[str, str], cwd) -> list[dict]:
-    proc = subprocess.run(command, cwd=str(cwd), env=clean_env(**env), capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    found = [json.loads(line.split("RESULT ", 1)[1]) for line in proc.stdout.splitlines()
-             if "RESULT " in line]
-    assert found, proc.stdout[-2000:]
-    return found
+SCRIPT = REPO / "tests" / "fixtures" / "sparse_sums.py"
+JOBS = compare_jobs(SCRIPT, off={"MIRRORKIT_COMPAT_DISABLE": "sparse-gradient-sums"})
 
 
 def _off_by(result: dict, plain: dict, key: str) -> float:
@@ -46,12 +27,7 @@ def _off_by(result: dict, plain: dict, key: str) -> float:
 
 
 def test_embeddings_trained_with_adam_match_plain_python_under_run_and_launch(tmp_path):
-    for name in JOBS:
-        (tmp_path / name).mkdir()
-    with ThreadPoolExecutor(2) as pool:
-        futures = {name: pool.submit(_results, command, env, tmp_path / name)
-                   for name, (command, env) in JOBS.items()}
-        found = {name: future.result() for name, future in futures.items()}
+    found = run_jobs(JOBS, tmp_path)
     plain = found["plain"][0]
     assert len(found["launch"]) == 2
     for result in (found["run"][0], *found["launch"]):
