@@ -137,7 +137,7 @@ _FIXES = (
          "keras-masked-loss-means: under N replicas a masked loss (Embedding(mask_zero=True), "
          "ignore_class) averages over each replica's own valid entries, so replicas with "
          "short sequences weigh more and the update and the logged loss differ from one "
-         "device's.", "tests/compat/test_masked_means.py"),
+         "device's.", "tests/compat/test_masked_means.py", tested=TESTED_LATEST),
     _fix("overridden-loss-call", ("keras.src.trainers.compile_utils.CompileLoss.build",
                                   f"{_LOSS}.scale_loss_for_distribution"),
          "a compiled Loss whose class overrides __call__ runs on the global batch (every "
