@@ -29,9 +29,9 @@ from mirrorkit.compat import (  # one module per fix, and the modules they share
     accumulation, allocator, batch_metrics, batch_sums, cross_replica_step, empty_conv,
     generator_copies, known_issues, layer_losses, logged_losses, masked_means, mean_gradients,
     multistep, no_call_build, no_gradient_losses, on_batch, overridden_losses, paired_losses,
-    probes, replica_random, scalar_losses, scalar_logs, sparse_sums, static_batches,
-    step_metrics, step_variables, symbolic_build, symbolic_names, symbolic_order,
-    uneven_batches, xla_cpu,
+    probes, replica_copies, replica_random, scalar_losses, scalar_logs, sparse_sums,
+    static_batches, step_metrics, step_variables, symbolic_build, symbolic_names,
+    symbolic_order, uneven_batches, xla_cpu,
 )
 from mirrorkit.compat.fix import Decision, Fix, FixUnavailable
 from mirrorkit.patching import switches
@@ -167,6 +167,9 @@ FIXES: dict[str, Fix] = {fix.name: fix for fix in (
                replica_random.make_categorical),
               ("tensorflow.python.distribute.distribute_lib", "run", "StrategyBase",
                replica_random.make_run))),
+    Fix("replica-variable-copies", "a variable the replicas assign from their rows drifts apart",
+        ("tensorflow.python.distribute.values", "_on_write_update_replica", None),
+        replica_copies.make),
     Fix("static-batch-shapes", "Cannot take the length of shape with unknown rank",
         ("tensorflow.python.distribute.input_lib", "build", "DistributedDataset"),
         static_batches.make_build),

@@ -16,12 +16,9 @@ Example:
 
 from __future__ import annotations
 
-from mirrorkit.patching.record import Patch
+from mirrorkit.patching.adaptations import ADAPTATIONS
+from mirrorkit.patching.record import TESTED, TESTED_LATEST, Patch
 
-# The compat matrix (tools/compat_matrix.py, results in tools/compat-matrix/).
-TESTED = "tensorflow 2.19.1, 2.20.0 and 2.21.0 with keras 3.15.1"
-# Patches added after the last compat-matrix run.
-TESTED_LATEST = "tensorflow 2.21.0 with keras 3.15.1"
 _TRAINER = "keras.src.backend.tensorflow.trainer.TensorFlowTrainer"
 _NN = "keras.src.backend.tensorflow.nn"
 _VARIABLE = "keras.src.backend.tensorflow.core.Variable"
@@ -32,12 +29,6 @@ def _fix(name: str, targets: tuple[str, ...], changes: str, reason: str, control
          scope: str = "process", tested: str = TESTED) -> Patch:
     return Patch(name, targets, changes, reason, scope=scope, kind="fix", tested=tested,
                  control=control)
-
-
-def _adaptation(name: str, targets: tuple[str, ...], changes: str, reason: str,
-                control: str, scope: str, tested: str = TESTED) -> Patch:
-    return Patch(name, targets, changes, reason, scope=scope, kind="adaptation",
-                 tested=tested, control=control)
 
 
 _ON_BATCH = {
@@ -238,6 +229,15 @@ _FIXES = (
          "noise and random augmentation for its slice, so training is less random than on "
          "one device and its numbers differ from plain Python's.",
          "tests/compat/test_replica_random.py"),
+    _fix("replica-variable-copies",
+         ("tensorflow.python.distribute.values._on_write_update_replica",),
+         "in a replica's step of 2+ replicas, the script's assignment of a variable with "
+         "aggregation 'none' from the replica's rows is named once, with the ways to make it "
+         "exact; the update is unchanged",
+         "tf-none-aggregation-copies: under N replicas a variable with aggregation 'none' "
+         "assigned in the step (keras.io's NNCLR feature queue) is written on each replica's "
+         "copy alone, so the copies drift apart and from plain Python's value, with no error.",
+         "tests/compat/test_replica_copies.py", tested=TESTED_LATEST),
     _fix("static-batch-shapes",
          ("tensorflow.python.distribute.input_lib.DistributedDataset.build",),
          "across workers, a dataset sharded by data whose batches are all full and divide by "
@@ -281,117 +281,4 @@ _FIXES = (
          "tests/training/test_backup_paths.py", scope="multi-worker process"),
 )
 
-_ADAPTATIONS = (
-    _adaptation("lost-peer-report",
-                ("sys.excepthook", "keras.src.callbacks.callback_list.CallbackList."
-                 "on_train_begin/on_train_batch_end/on_test_batch_end/on_predict_batch_end/"
-                 "on_epoch_end"),
-                "a worker that dies of a lost peer ends with one line naming the peer and the "
-                "time since its last step, instead of a TensorFlow traceback",
-                "TensorFlow reports a lost peer as a long gRPC traceback that names no worker.",
-                "tests/distribute/test_peer_loss_patch.py", scope="multi-worker process"),
-    _adaptation("fixes-on-import", ("sys.meta_path",),
-                "applies the fixes when the program imports TensorFlow and Keras",
-                "a launched program that never imports mirrorkit still needs its fixes "
-                "(keras#20585 breaks the stock multi-worker tutorial).",
-                "tests/launcher/test_autofix_patch.py", scope="worker"),
-    _adaptation("script-strategies",
-                ("tf.distribute.MirroredStrategy", "tf.distribute.MultiWorkerMirroredStrategy",
-                 "tf.distribute.experimental.MultiWorkerMirroredStrategy",
-                 "tf.distribute.OneDeviceStrategy"),
-                "a strategy the script creates without devices or a cluster of its own is "
-                "mirrorkit's strategy; a pinned one is created as written",
-                "a tutorial that creates MirroredStrategy() itself would otherwise ignore "
-                "--simulate-cpus, launch's TF_CONFIG and mirrorkit's scope.",
-                "tests/runner/test_patch_controls.py", scope="script"),
-    _adaptation("script-model-methods", ("keras.Model.fit", "keras.Model.evaluate",
-                                         "keras.Model.predict"),
-                "--scale-batch multiplies batch_size by the replicas; fit leaves out the "
-                "trailing examples that would give a replica an empty batch",
-                "an unmodified script's batch_size is one device's, and an empty replica "
-                "batch breaks BatchNormalization.", "tests/runner/test_patch_controls.py",
-                scope="script"),
-    _adaptation("one-device-check",
-                ("Model.train_function (the checked model, during the check)",
-                 "Dropout/GaussianNoise rate/stddev (the checked model and its copy, during "
-                 "the check)"),
-                "with --compare-one-device, the check's step is traced with dropout off and "
-                "dropped afterwards, so fit traces its own",
-                "replicas draw dropout masks per slice, and fit must train as without the flag.",
-                "tests/runner/test_one_device_check.py", scope="script"),
-    _adaptation("sync-batch-norm",
-                ("keras.src.layers.normalization.batch_normalization.BatchNormalization"
-                 ".__init__",),
-                "with --sync-batch-norm, a BatchNormalization the script constructs without "
-                "an explicit synchronized argument gets synchronized=True",
-                "opt-in: under N replicas each replica normalises with its own slice's "
-                "statistics, so a model with BatchNormalization trains unlike one device.",
-                "tests/runner/test_sync_batch_norm.py", scope="script",
-                tested=TESTED_LATEST),
-    _adaptation("speed-up-fit", ("keras.Model.compile", "Model.steps_per_execution (per model)"),
-                "with --speed-up-fit, fit runs several steps per tf.function call when the "
-                "script left steps_per_execution alone",
-                "opt-in speed: Keras's default runs one step per call.",
-                "tests/runner/test_patch_controls.py", scope="script"),
-    _adaptation("loaded-function-calls",
-                ("tensorflow.python.saved_model.load._WrapperFunction._call_flat",),
-                "a function of a SavedModel loaded in the script, called at the script's top "
-                "level, reads this process's first copy of each mirrored variable",
-                "tf.saved_model.load in a strategy scope restores mirrored variables whose "
-                "functions TensorFlow refuses to run in the cross-replica context, which is "
-                "the script's top level under mirrorkit's scope (InvalidArgumentError).",
-                "tests/runner/test_exports.py", scope="script"),
-    _adaptation("chief-only-callbacks",
-                ("keras.callbacks.BackupAndRestore", "keras.callbacks.ModelCheckpoint",
-                 "keras.callbacks.TensorBoard"),
-                "the stock callbacks are mirrorkit's chief-aware subclasses: the chief writes "
-                "the real path, other workers a private one",
-                "two workers writing one HDF5 file fail on its lock (BlockingIOError).",
-                "tests/runner/test_patch_controls.py", scope="multi-worker script"),
-    _adaptation("chief-only-model-save", ("keras.Model.save", "keras.Model.save_weights"),
-                "every worker saves, only the chief to the real path",
-                "two writers of one .keras zip corrupt it (BadZipFile).",
-                "tests/runner/test_patch_controls.py", scope="multi-worker script"),
-    _adaptation("chief-only-tf-checkpoint",
-                ("tf.train.Checkpoint.save", "tf.train.Checkpoint.write",
-                 "tf.train.CheckpointManager.save"),
-                "every worker checkpoints, only the chief into the real directory (a "
-                "manager's private _directory is pointed elsewhere during the save)",
-                "the multi-worker tutorial's chief-only pattern, without the script writing "
-                "it.", "tests/runner/test_patch_controls.py", scope="multi-worker script"),
-    _adaptation("chief-only-saved-model",
-                ("tf.saved_model.save", "tensorflow.lite.python.lite."
-                 "TFLiteKerasModelConverterV2._convert_keras_to_saved_model"),
-                "every worker saves (model.export, ExportArchive.write_out too), only the "
-                "chief to the real directory, then all wait for the chief; the folder a "
-                "TFLite conversion makes for itself is kept",
-                "N workers writing one SavedModel directory replace each other's files while "
-                "another worker may already be loading it.",
-                "tests/runner/test_exports.py", scope="multi-worker script"),
-    _adaptation("get-file-lock", ("keras.utils.get_file (every module that binds it)",),
-                "workers on one machine download and unpack one destination one at a time",
-                "N workers unpacking into ~/.keras/datasets at once read half-written files.",
-                "tests/runner/test_patch_controls.py", scope="multi-worker script"),
-    _adaptation("job-mkdir", ("os.mkdir (so os.makedirs and pathlib.Path.mkdir)",),
-                "mkdir of a directory made during this launched job (another worker's) "
-                "returns as if it made it",
-                "every launched worker runs the script's mkdir/makedirs in one directory: "
-                "the second raises FileExistsError.",
-                "tests/runner/test_launch_files.py", scope="multi-worker script"),
-    _adaptation("backup-paths",
-                ("BackupAndRestore.backup_dir/_weights_path/_training_metadata_path/"
-                 "_prev_weights_path/_prev_training_metadata_path (mirrorkit's subclass)",),
-                "a non-chief worker's backup goes to a private folder",
-                "Keras's BackupAndRestore has no chief logic: two workers write one backup.",
-                "tests/training/test_backup_paths.py", scope="object"),
-    _adaptation("checkpoint-barrier",
-                ("ModelCheckpoint._after_save (mirrorkit's subclass)",),
-                "after each ModelCheckpoint save point every worker waits for the others "
-                "(one all-reduce, whether or not save_best_only wrote); mirrorkit run's "
-                "Model.save leaves its own wait to it",
-                "a worker that lists or loads the checkpoint folder right after fit (keras.io's "
-                "distributed guide calls run_training twice) found the chief's newest file "
-                "missing or half-written.", "tests/runner/test_launch_files.py", scope="object"),
-)
-
-PATCHES: dict[str, Patch] = {p.name: p for p in (*_FIXES, *_ADAPTATIONS)}
+PATCHES: dict[str, Patch] = {p.name: p for p in (*_FIXES, *ADAPTATIONS)}

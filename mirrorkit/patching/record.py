@@ -19,6 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 
+# The compat matrix (tools/compat_matrix.py, results in tools/compat-matrix/).
+TESTED = "tensorflow 2.19.1, 2.20.0 and 2.21.0 with keras 3.15.1"
+# Patches added after the last compat-matrix run.
+TESTED_LATEST = "tensorflow 2.21.0 with keras 3.15.1"
+
 # When a patch is in force, by scope (what ``mirrorkit info`` says of it).
 SCOPES = {
     "process": "once applied, for the rest of the process",
