@@ -92,20 +92,28 @@ class Parts:
     def ratio(self, tensor: Any) -> Any | None:
         """The denominator when ``tensor`` is a sum over the rows over another one, else None.
 
-        Only a denominator that is a reduction (a mask's or weights' sum): a
-        sum over the rows divided by the batch size is a mean.
+        Only a denominator that is a reduction (a mask's or weights' sum, plus
+        perhaps a constant against a division by zero): a sum over the rows
+        divided by the batch size is a mean.
         """
         op, inputs = tensor.op, list(tensor.op.inputs)
         if op.type not in _DIVIDES or len(inputs) != 2 or tensor.shape.rank != 0 \
                 or self.has_share(tensor):
             return None
         top, bottom = inputs
-        if self.reader.state(top) != 1 or self.reader.state(bottom) != 1:
+        if self.reader.state(top) != 1:
             return None
         base = bottom
-        while base.op.type in _SAME and base.op.inputs:
-            base = base.op.inputs[0]
-        return bottom if base.op.type == "Sum" else None
+        while base.op.inputs and (base.op.type in _SAME or base.op.type in ("AddV2", "Add")):
+            if base.op.type in _SAME:
+                base = base.op.inputs[0]
+                continue
+            # reduce_sum(mask) + epsilon: follow the term that is not a constant.
+            terms = [t for t in base.op.inputs if self.reader.state(t) != batch_graph.INDEP]
+            if len(terms) != 1:
+                return None
+            base = terms[0]
+        return bottom if base.op.type == "Sum" and self.reader.state(base) == 1 else None
 
     def ratio_weight(self, tensor: Any, context: Any) -> Any:
         """This replica's denominator over the replicas' total (float32; one sum per call)."""

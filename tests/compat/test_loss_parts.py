@@ -106,13 +106,15 @@ def test_a_mask_sum_divided_by_the_mask_count_is_a_ratio_not_a_mean():
         mask = ops.cast(ops.greater(y, 0.5), "float32")
         return {"masked_mean": ops.sum(error * mask) / ops.sum(mask),
                 "masked_mean_no_nan": ops.divide_no_nan(ops.sum(error * mask), ops.sum(mask)),
+                "masked_mean_epsilon": ops.sum(error * mask) / (ops.sum(mask) + 1e-8),
                 # Over the batch size it stays a mean (no collective needed).
                 "over_rows": ops.sum(error * mask) / ops.cast(ops.shape(x)[0], "float32"),
                 "ratio_and_regularizer": ops.sum(error * mask) / ops.sum(mask)
                 + 0.01 * ops.sum(ops.square(kernel))}
 
     assert _read(losses) == {"masked_mean": "ratio", "masked_mean_no_nan": "ratio",
-                             "over_rows": "mean", "ratio_and_regularizer": "mixed"}
+                             "masked_mean_epsilon": "ratio", "over_rows": "mean",
+                             "ratio_and_regularizer": "mixed"}
 
 
 def test_embedding_lookups_and_recurrent_layers_keep_their_rows():
