@@ -95,6 +95,10 @@ class Parts:
         Only a denominator that is a reduction (a mask's or weights' sum, plus
         perhaps a constant against a division by zero): a sum over the rows
         divided by the batch size is a mean.
+
+        Example:
+            >>> Parts(reader).ratio(ops.sum(loss * mask) / ops.sum(mask))  # doctest: +SKIP
+            <tf.Tensor 'Sum_1:0' shape=() dtype=float32>
         """
         op, inputs = tensor.op, list(tensor.op.inputs)
         if op.type not in _DIVIDES or len(inputs) != 2 or tensor.shape.rank != 0 \
@@ -116,7 +120,12 @@ class Parts:
         return bottom if base.op.type == "Sum" and self.reader.state(base) == 1 else None
 
     def ratio_weight(self, tensor: Any, context: Any) -> Any:
-        """This replica's denominator over the replicas' total (float32; one sum per call)."""
+        """This replica's denominator over the replicas' total (float32; one sum per call).
+
+        Example:
+            >>> context = tf.distribute.get_replica_context()          # doctest: +SKIP
+            >>> parts.ratio_weight(masked_mean, context)               # doctest: +SKIP
+        """
         import tensorflow as tf
 
         bottom = tf.cast(self.ratio(tensor), tf.float32)

@@ -95,7 +95,12 @@ def _share(context: Any, values: Any, sample_weight: Any, mask: Any, kind: str,
 
 
 def make(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap ``keras.src.losses.loss.reduce_weighted_values`` (``original``) with the fix."""
+    """Wrap ``keras.src.losses.loss.reduce_weighted_values`` (``original``) with the fix.
+
+    Example:
+        >>> from keras.src.losses import loss                      # doctest: +SKIP
+        >>> loss.reduce_weighted_values = make(loss.reduce_weighted_values)  # doctest: +SKIP
+    """
 
     def reduce_weighted_values(values, sample_weight=None, mask=None,
                                reduction="sum_over_batch_size", dtype=None):

@@ -60,7 +60,12 @@ def _check(var: Any, value: Any, replicas: int) -> None:
 
 
 def make(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap TensorFlow's ``values._on_write_update_replica`` (``original``): name such an update."""
+    """Wrap TensorFlow's ``values._on_write_update_replica`` (``original``): name such an update.
+
+    Example:
+        >>> from tensorflow.python.distribute import values      # doctest: +SKIP
+        >>> patched = make(values._on_write_update_replica)       # doctest: +SKIP
+    """
 
     def _on_write_update_replica(var: Any, update_fn: Any, value: Any, **kwargs: Any) -> Any:
         import tensorflow as tf

@@ -155,7 +155,8 @@ _FIXES = (
          "keras-batch-sum-losses: under N replicas Keras divides every add_loss value by N, "
          "which for a value summing over the batch (keras.io's ActivityRegularizationLayer, "
          "ops.sum(inputs) * 0.1; its OCR example's per-example CTC losses, which Keras sums) "
-         "leaves 1/N of plain Python's term in the loss and the gradients.", "tests/compat/test_batch_sums.py", tested=TESTED_LATEST),
+         "leaves 1/N of plain Python's term in the loss and the gradients.",
+         "tests/compat/test_batch_sums.py", tested=TESTED_LATEST),
     _fix("paired-step-losses", ("tensorflow.python.eager.backprop.GradientTape.gradient",),
          "in a replica's step of 2+ replicas, a loss whose graph multiplies two per-row "
          "matrices (a similarity matrix pairing the batch's examples) is named once, with "
