@@ -27,7 +27,15 @@ from typing import Any, Callable
 _SCALED = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
 
 
-def _inside_layer_call() -> bool:
+def inside_layer_call() -> bool:
+    """Is a Keras layer's ``call`` running? (a loss made there is ``add_loss``'s to scale)
+
+    Shared with ``scalar-losses`` and ``masked-loss-means``, which leave such a loss alone.
+
+    Example:
+        >>> inside_layer_call()
+        False
+    """
     from keras.src.backend.common import global_state
 
     return global_state.get_global_attribute("current_call_ctx") is not None
@@ -39,7 +47,7 @@ def make(original: Callable[..., Any]) -> Callable[..., Any]:
     def reduce_values(values, sample_weight=None, reduction="sum_over_batch_size"):
         loss = original(values, sample_weight=sample_weight, reduction=reduction)
         if reduction in _SCALED and tuple(values.shape) not in ((), (0,)) \
-                and _inside_layer_call():
+                and inside_layer_call():
             from keras.src.losses.loss import unscale_loss_for_distribution
 
             # add_loss scales it (once) when the model sums its losses.

@@ -33,17 +33,17 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from mirrorkit.compat.layer_losses import inside_layer_call
+
 _AVERAGING = ("sum_over_batch_size", "mean")
 _WEIGHT_MEAN = "mean_with_sample_weight"
 
 
-def _inside_layer_call() -> bool:
+def _left_to_keras() -> bool:
     """In a layer's call (``add_loss``: layer-losses' case) or Keras's output inference?"""
-    from keras.src.backend.common import global_state
     from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
-    return global_state.get_global_attribute("current_call_ctx") is not None \
-        or in_symbolic_scope()
+    return inside_layer_call() or in_symbolic_scope()
 
 
 def _handled(kind: str, sample_weight: Any, mask: Any) -> bool:
@@ -111,7 +111,7 @@ def make(original: Callable[..., Any]) -> Callable[..., Any]:
         kind = standardize_reduction(reduction)
         context = tf.distribute.get_replica_context()
         if _handled(kind, sample_weight, mask) and context is not None \
-                and context.num_replicas_in_sync > 1 and not _inside_layer_call():
+                and context.num_replicas_in_sync > 1 and not _left_to_keras():
             tensor = ops.convert_to_tensor(values, dtype=dtype)
             if tensor.shape.rank:   # one value for the batch: Keras's (and scalar-losses')
                 return _share(context, tensor, sample_weight, mask, kind, dtype)

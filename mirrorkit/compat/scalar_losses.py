@@ -28,14 +28,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from mirrorkit.compat.layer_losses import inside_layer_call
+
 # The reductions whose per-example result Keras divides by the replica count.
 _AVERAGING = ("sum_over_batch_size", "mean")
-
-
-def _inside_layer_call() -> bool:
-    from keras.src.backend.common import global_state
-
-    return global_state.get_global_attribute("current_call_ctx") is not None
 
 
 def _weighted(values: Any, sample_weight: Any, dtype: Any, loss: Any) -> Any:
@@ -70,7 +66,7 @@ def make(original: Callable[..., Any]) -> Callable[..., Any]:
         loss = original(values, sample_weight=sample_weight, mask=mask,
                         reduction=reduction, dtype=dtype)
         if mask is not None or getattr(values, "shape", None) is None \
-                or tuple(values.shape) != () or _inside_layer_call():
+                or tuple(values.shape) != () or inside_layer_call():
             return loss
         from keras.src.losses.loss import scale_loss_for_distribution, standardize_reduction
 
