@@ -158,6 +158,9 @@ class Reader:
         if op.type in _SOURCES or op.type in ("Shape", "Size"):
             # What a Shape reads is only whether its input is per-row.
             return list(op.inputs[:1]) if op.type in ("Shape", "Size") else []
+        operand = _broadcast_operand(op)
+        if operand is not None:
+            return [op.inputs[0], operand]
         return list(op.inputs)
 
     def _rule(self, tensor: Any, states: list[Any]) -> Any:
@@ -196,6 +199,13 @@ class Reader:
         if kind == "StridedSlice" and states[0] == SHAPE:
             begin = tf.get_static_value(op.inputs[1])
             return 1 if begin is not None and begin.size and int(begin.ravel()[0]) == 0 else INDEP
+        if _broadcast_operand(op) is not None:
+            # A gradient summed back to a broadcast operand's shape: a per-row
+            # operand keeps its rows; one broadcast over the batch (a bias, a
+            # scale) gets the sum over them.
+            if states[0] == ROWS and states[1] in (ROWS, INDEP):
+                return ROWS if states[1] == ROWS else 1
+            return None
         if kind in _REDUCTIONS or kind in _OTHER_REDUCTIONS:
             if states[0] == ROWS:
                 batch_axis = _axes_include_batch(op)
@@ -209,9 +219,13 @@ class Reader:
             return states[0]
         if kind == "Rank":
             return INDEP
-        if kind in ("Fill", "BroadcastTo", "ZerosLike", "OnesLike"):
-            # A tensor shaped like the batch (tf.ones(tf.shape(x))) is per-row.
+        if kind in ("Fill", "BroadcastTo", "ZerosLike", "OnesLike", "Tile"):
+            # A tensor shaped like the batch (tf.ones(tf.shape(x)), a mean's
+            # gradient tiled back over the rows) is per-row.
             return ROWS if {ROWS, SHAPE, SIZES} & set(states) else None
+        if kind == "IdentityN":
+            # tf.custom_gradient's pass-through: each output is its input.
+            return states[tensor.value_index]
         if tensor.dtype == tf.variant and ROWS in states:
             # A TensorList of per-row tensors (a recurrent layer's loop over the
             # time steps carries each row's state): what it stacks is per-row.
@@ -236,6 +250,21 @@ class Reader:
             and float(value.ravel()[0]) != self.global_batch
 
 
+def _broadcast_operand(op: Any) -> Any | None:
+    """The operand whose shape a gradient's ``Sum`` restores, or None for any other op.
+
+    The gradient of a broadcasting op (``x * mask``, ``x + bias``) with
+    shapes known only when the step runs sums the incoming gradient over
+    ``BroadcastGradientArgs(shape(a), shape(b))[k]``, the axes operand k was
+    broadcast along: which they are follows from that operand alone.
+    """
+    if op.type != "Sum" or op.inputs[1].op.type != "BroadcastGradientArgs":
+        return None
+    axes = op.inputs[1]
+    shape = axes.op.inputs[axes.value_index]
+    return shape.op.inputs[0] if shape.op.type == "Shape" else None
+
+
 def _static_index(tensor: Any) -> Any:
     """``vector[i]`` of a constant vector and index (``tf.shape(x)[0]`` of a static shape)."""
     import numpy as np
@@ -255,14 +284,17 @@ def _sized(tensor: Any, states: list[Any], state: Any) -> Any:
     Shape arithmetic the rules do not follow (Tensordot's gathered
     dimensions, a range over the batch) gives integer SIZES; a non-scalar
     float made from sizes and batch-independent values only, with no row's
-    data in it (a dropout mask, a loop's stacked list, ``Empty``), is shaped
-    like the batch, as ``Fill`` is: per-row.
+    data in it (a dropout mask, a loop's stacked list, ``Empty``, a draw
+    shaped ``tf.shape(x)[:1]``), is shaped like the batch, as ``Fill`` is:
+    per-row.
     """
     if state is not None or ROWS in states:
         return state
     if not tensor.dtype.is_floating:
         return SIZES
-    if tensor.shape.rank != 0 and {SIZES, SHAPE} & set(states) and all(
+    sized = any(s in (SIZES, SHAPE) or (isinstance(s, int) and s and not t.dtype.is_floating)
+                for s, t in zip(states, tensor.op.inputs))
+    if tensor.shape.rank != 0 and sized and all(
             s in (INDEP, SIZES, SHAPE) or isinstance(s, int) for s in states):
         return ROWS
     return None

@@ -36,7 +36,12 @@ for the strategy), from the loss back through its scalar arithmetic:
   graph the step built is not changed).
 
 A part that is none of these (a maximum over the batch, a product of two
-shares) is left with upstream's gradient and named in one line. The loss is
+shares, or a value the reader cannot follow) is named in one line and
+weighed as a mean: each replica's value is most often an estimate of the
+whole batch's, and upstream's N times would scale it against the parts
+beside it (keras.io's WGAN-GP critic loss, ``mean(fake) - mean(real)``
+plus a gradient penalty, then moves the critic's output bias, whose
+gradient is 0 on one device). The loss is
 read by :mod:`mirrorkit.compat.loss_parts`, with the shares
 ``logged-step-losses`` records (without it the fix does nothing: every
 compiled loss would read as a hand-written mean); a step run eagerly
@@ -83,8 +88,9 @@ def _name_once(target: Any, replicas: int) -> None:
         logger.warning(
             "mirrorkit: the loss this step differentiates (%s) has a part that is not a "
             "mean, a sum over its batch or a Keras loss (a maximum over the batch, a product "
-            "of two means): under %d replicas each replica computes it from its own rows, and "
-            "its gradient differs from one device's.", place, replicas)
+            "of two means): under %d replicas each replica computes it from its own rows; its "
+            "gradient is weighed as a mean's (each replica's value an estimate of the whole), "
+            "which is one device's only if the part is one.", place, replicas)
 
 
 def plan(target: Any, context: Any) -> tuple[list[Any], list[Any]] | None:
@@ -99,18 +105,20 @@ def plan(target: Any, context: Any) -> tuple[list[Any], list[Any]] | None:
     kind = parts.kind(target)
     if kind in (loss_parts.SHARE, loss_parts.SUM):
         return None
-    if kind == loss_parts.OTHER:
-        _name_once(target, context.num_replicas_in_sync)
-        return None
     weight = _weight(context)
-    if kind in _WEIGHED:
+    if kind in _WEIGHED or kind == loss_parts.OTHER:
+        if kind == loss_parts.OTHER:
+            _name_once(target, context.num_replicas_in_sync)
         return [target], [tf.cast(weight, target.dtype) * tf.ones_like(target)]
     if kind == loss_parts.RATIO:
         return [target], [tf.cast(parts.ratio_weight(target, context), target.dtype)
                           * tf.ones_like(target)]
-    found = parts.split(target, _WEIGHED | {loss_parts.RATIO})
+    found = parts.split(target, _WEIGHED | {loss_parts.RATIO, loss_parts.OTHER})
     if not found:
         return None
+    for part, _ in found:
+        if parts.kind(part) == loss_parts.OTHER:
+            _name_once(part, context.num_replicas_in_sync)
     weights = [parts.ratio_weight(part, context) if parts.kind(part) == loss_parts.RATIO
                else weight for part, _ in found]
     return ([target, *(part for part, _ in found)],

@@ -142,3 +142,45 @@ def test_embedding_lookups_and_recurrent_layers_keep_their_rows():
     step(tf.ones([4, 5], tf.int32))
     assert found == {"lookup": batch_graph.ROWS, "sum": "sum", "mean": "mean"}
     assert keras.backend.backend() == "tensorflow"
+
+
+def test_a_gradient_penalty_and_a_means_gradient_keep_their_rows():
+    # keras.io's WGAN-GP: the gradient of a critic with a dropout, taken with
+    # respect to its per-row input, sums over broadcast axes found only when
+    # the step runs (BroadcastGradientArgs); a sum's gradient is tiled back
+    # over the rows; tf.custom_gradient passes its inputs through IdentityN; a
+    # draw shaped like tf.shape(x)[:1] is per-row.
+    import tensorflow as tf
+    from keras import ops
+
+    from mirrorkit.compat import batch_graph, loss_parts
+
+    kernel = tf.Variable(tf.ones([3, 2]))
+    found = {}
+
+    @tf.custom_gradient
+    def through(v, total):
+        # In a graph, IdentityN(output, v, total): each output is its input.
+        return tf.identity(v), lambda dy: (dy, tf.zeros_like(total))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3])])
+    def step(x):
+        parts = loss_parts.Parts(batch_graph.Reader(None))
+        keep = tf.cast(tf.random.uniform(tf.shape(x)[:1])[:, None] > 0.3, tf.float32)
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            critic = tf.reduce_sum(through(x * keep, tf.reduce_sum(x)) @ kernel, axis=1)
+        grads = tape.gradient(critic, x)
+        penalty = ops.mean((ops.sqrt(ops.sum(ops.square(grads), axis=1) + 1e-12) - 1.0) ** 2)
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            total = tf.reduce_sum(x @ kernel)
+        found["penalty"] = parts.kind(penalty)
+        found["sum_gradient"] = parts.reader.state(tape.gradient(total, x))
+        found["critic_loss"] = parts.kind(ops.mean(critic) - ops.mean(critic * 2.0)
+                                          + 10.0 * penalty)
+        return penalty
+
+    step(tf.ones([4, 3]))
+    assert found == {"penalty": "mean", "sum_gradient": batch_graph.ROWS,
+                     "critic_loss": "mean"}
