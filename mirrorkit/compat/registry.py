@@ -29,7 +29,8 @@ from mirrorkit.compat import (  # one module per fix, and the modules they share
     accumulation, allocator, batch_metrics, batch_sums, cross_replica_step, empty_conv,
     generator_copies, known_issues, layer_losses, logged_losses, masked_means, mean_gradients,
     multistep, no_call_build, no_gradient_losses, on_batch, overridden_losses, paired_losses,
-    probes, replica_copies, replica_random, scalar_losses, scalar_logs, sparse_sums,
+    probes, replica_copies, replica_op_draws, replica_random, replica_seeds, scalar_losses,
+    scalar_logs, sparse_sums,
     static_batches, step_metrics, step_variables, symbolic_build, symbolic_names,
     symbolic_order, uneven_batches, xla_cpu,
 )
@@ -166,7 +167,16 @@ FIXES: dict[str, Fix] = {fix.name: fix for fix in (
               ("keras.src.backend.tensorflow.random", "categorical", None,
                replica_random.make_categorical),
               ("tensorflow.python.distribute.distribute_lib", "run", "StrategyBase",
-               replica_random.make_run))),
+               replica_random.make_run),
+              *(("tensorflow.python.ops.gen_random_ops", name, None, replica_op_draws.make)
+                for name in ("random_standard_normal", "random_uniform", "truncated_normal")),
+              ("tensorflow.python.framework.random_seed", "get_seed", None,
+               replica_op_draws.make_get_seed))),
+    Fix("replica-global-seed", "tf.function only supports singleton tf.Variables created on "
+        "the first call", ("keras.src.random.seed_generator", "global_seed_generator", None),
+        replica_seeds.make_generator,
+        also=(("tensorflow.python.distribute.mirrored_run", "__init__", "_MirroredReplicaThread",
+               replica_seeds.make_thread_init),)),
     Fix("replica-variable-copies", "a variable the replicas assign from their rows drifts apart",
         ("tensorflow.python.distribute.values", "_on_write_update_replica", None),
         replica_copies.make),

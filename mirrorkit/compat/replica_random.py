@@ -59,8 +59,13 @@ from mirrorkit.compat.step_rows import make_run
 
 __all__ = ["make_categorical", "make_draw", "make_dropout", "make_run"]
 
-def _shape_list(shape: Any) -> list[Any] | None:
-    """``shape`` as a list of ints and int32 scalars, or None when it has no first dimension."""
+def shape_list(shape: Any) -> list[Any] | None:
+    """``shape`` as a list of ints and int32 scalars, or None when it has no first dimension.
+
+    Example:
+        >>> shape_list((4, 3))
+        [4, 3]
+    """
     import tensorflow as tf
 
     if isinstance(shape, tf.TensorShape):
@@ -74,13 +79,16 @@ def _shape_list(shape: Any) -> list[Any] | None:
     return [tf.cast(d, tf.int32) if tf.is_tensor(d) else d for d in shape]
 
 
-def _rows_of_global(dims: list[Any], draw: Callable[[list[Any]], Any],
+def rows_of_global(dims: list[Any], draw: Callable[[list[Any]], Any],
                     full: Callable[[list[Any], Any, Any], Any] | None = None) -> Any | None:
     """Draw ``dims`` as this replica's rows of the global batch's draw, or None if not batch-shaped.
 
     ``draw(dims)`` is the upstream draw. ``full(dims, offset, total)`` draws the
     global shape (default: ``draw`` with the first dimension ``total``) and
     returns the rows ``offset .. offset + dims[0]``.
+
+    Example:
+        >>> rows_of_global([rows, 8], lambda d: tf.random.uniform(d))   # doctest: +SKIP
     """
     import tensorflow as tf
 
@@ -144,7 +152,7 @@ def make_draw(original: Callable[..., Any]) -> Callable[..., Any]:
         if step_rows.current() is None:
             return original(*args, **kwargs)
         bound = signature.bind(*args, **kwargs)
-        dims = _shape_list(bound.arguments["shape"])
+        dims = shape_list(bound.arguments["shape"])
         if dims is None:
             return original(*args, **kwargs)
         # One seed for every branch below: the generator advances once, as upstream.
@@ -154,13 +162,18 @@ def make_draw(original: Callable[..., Any]) -> Callable[..., Any]:
             call = dict(bound.arguments, shape=shape)
             return original(**call)
 
-        out = _rows_of_global(dims, upstream)
-        return upstream(dims) if out is None else _with_static_shape(out, dims)
+        out = rows_of_global(dims, upstream)
+        return upstream(dims) if out is None else with_static_shape(out, dims)
 
     return draw
 
 
-def _with_static_shape(out: Any, dims: list[Any]) -> Any:
+def with_static_shape(out: Any, dims: list[Any]) -> Any:
+    """``out`` with the static shape ``dims`` promise (a sliced draw loses it).
+
+    Example:
+        >>> with_static_shape(rows_of_global(dims, draw), dims)         # doctest: +SKIP
+    """
     import tensorflow as tf
 
     static = [d if isinstance(d, int) else tf.get_static_value(d) for d in dims]
@@ -185,7 +198,7 @@ def make_dropout(original: Callable[..., Any]) -> Callable[..., Any]:
 
         drawn = _drawn_seed(seed)
         concrete = tf_random._get_concrete_noise_shape(inputs, noise_shape)
-        dims = _shape_list(concrete)
+        dims = shape_list(concrete)
         if dims is None:
             return original(inputs, rate, noise_shape=noise_shape, seed=drawn)
         seed_value = tf_random._cast_seed(drawn.next())
@@ -198,8 +211,8 @@ def make_dropout(original: Callable[..., Any]) -> Callable[..., Any]:
         x = tf.convert_to_tensor(inputs)
 
         def sampler(shape: Any, dtype: Any) -> Any:
-            out = _rows_of_global(dims, lambda d: uniform(d, dtype))
-            return uniform(shape, dtype) if out is None else _with_static_shape(out, dims)
+            out = rows_of_global(dims, lambda d: uniform(d, dtype))
+            return uniform(shape, dtype) if out is None else with_static_shape(out, dims)
 
         # TensorFlow's own dropout arithmetic (stateless_dropout's) around the sampler.
         return tf.nn.experimental.general_dropout(x, rate, uniform_sampler=sampler,
@@ -234,10 +247,10 @@ def make_categorical(original: Callable[..., Any]) -> Callable[..., Any]:
             padded = tf.pad(logits, [[offset, total - offset - rows], [0, 0]])
             return original(padded, num_samples, dtype=dtype, seed=drawn)[offset:offset + rows]
 
-        out = _rows_of_global(dims, lambda _d: original(logits, num_samples, dtype=dtype,
+        out = rows_of_global(dims, lambda _d: original(logits, num_samples, dtype=dtype,
                                                         seed=drawn), full)
         if out is None:
             return original(logits, num_samples, dtype=dtype, seed=drawn)
-        return _with_static_shape(out, dims) if isinstance(num_samples, int) else out
+        return with_static_shape(out, dims) if isinstance(num_samples, int) else out
 
     return categorical

@@ -222,14 +222,27 @@ _FIXES = (
     _fix("replica-random", tuple(f"keras.src.backend.tensorflow.random.{name}" for name in
                                  ("dropout", "uniform", "normal", "truncated_normal", "randint",
                                   "categorical")) +
-         ("tensorflow.python.distribute.distribute_lib.StrategyBase.run",),
-         "a batch-shaped random draw inside strategy.run is this replica's rows of the draw "
-         "for the global batch (across workers one all-gather of the replicas' row counts per "
+         ("tensorflow.python.distribute.distribute_lib.StrategyBase.run",) +
+         tuple(f"tensorflow.python.ops.gen_random_ops.{name}" for name in
+               ("random_standard_normal", "random_uniform", "truncated_normal")) +
+         ("tensorflow.python.framework.random_seed.get_seed",),
+         "a batch-shaped random draw inside strategy.run (keras.random, Keras's layers, "
+         "tf.random.normal/uniform/truncated_normal) is this replica's rows of the draw for "
+         "the global batch (across workers one all-gather of the replicas' row counts per "
          "traced step)",
          "keras-replica-random: under N replicas every replica draws the same Dropout masks, "
          "noise and random augmentation for its slice, so training is less random than on "
          "one device and its numbers differ from plain Python's.",
          "tests/compat/test_replica_random.py"),
+    _fix("replica-global-seed",
+         ("keras.src.random.seed_generator.global_seed_generator",
+          "tensorflow.python.distribute.mirrored_run._MirroredReplicaThread.__init__"),
+         "a replica thread's seedless keras.random draw uses the global SeedGenerator of the "
+         "thread that started the replicas (made there on first use, as on one device)",
+         "keras-global-seed-threads: Keras keeps its global SeedGenerator per thread and "
+         "tf.distribute runs each replica's step in a new thread per trace, so a seedless "
+         "keras.random draw in a step makes a variable on the second trace and the step fails.",
+         "tests/compat/test_replica_seeds.py"),
     _fix("replica-variable-copies",
          ("tensorflow.python.distribute.values._on_write_update_replica",),
          "in a replica's step of 2+ replicas, the script's assignment of a variable with "
