@@ -16,7 +16,9 @@ named once, where the script makes it, with the ways to make it exact.
 
 A value that does not depend on the batch (a counter's ``assign_add(1)``, a
 value all-reduced or all-gathered across the replicas) and Keras's own
-variables (assigned outside the script's code) are not named.
+variables (assigned outside the script's code, or inside a Keras layer the
+script's ``train_step`` calls: BatchNormalization's moving statistics) are
+not named.
 
 Example:
     >>> from tensorflow.python.distribute import values          # doctest: +SKIP
@@ -32,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 # The places already named (where the script assigns), once per process.
 _NAMED: set[str] = set()
+# Where library code lives (as mirrorkit.compat.paired_losses.where reads frames).
+_LIBRARIES = ("tensorflow", "keras", "mirrorkit", "site-packages", "dist-packages")
 
 
 def _check(var: Any, value: Any, replicas: int) -> None:
@@ -44,7 +48,7 @@ def _check(var: Any, value: Any, replicas: int) -> None:
             or not hasattr(value, "graph"):
         return
     place = where(value.op)
-    if ".py:" not in place or place in _NAMED:
+    if ".py:" not in place or place in _NAMED or _in_keras_layer(value.op):
         return   # Keras's or TensorFlow's own assignment, or named already
     if batch_graph.Reader(None).state(value) == batch_graph.INDEP:
         return
@@ -57,6 +61,24 @@ def _check(var: Any, value: Any, replicas: int) -> None:
         "it needs every row (a queue of the batch's embeddings), gather them first "
         "(tf.distribute.get_replica_context().all_gather(x, axis=0)).",
         place, str(getattr(var, "name", "?")).split(":")[0], replicas)
+
+
+def _in_keras_layer(op: Any) -> bool:
+    """Was ``op`` made inside a Keras layer's own code, below the script's last frame?
+
+    A BatchNormalization's moving statistics are assigned by Keras inside the
+    layer even when a custom ``train_step`` calls the model: announced on
+    their own (``--sync-batch-norm``), not the script's assignment.
+    """
+    frames = list(getattr(op, "traceback", None) or ())
+    below = []
+    for frame in reversed(frames):
+        filename = getattr(frame, "filename", "")
+        if ".py" in filename and not any(f"/{lib}/" in filename for lib in _LIBRARIES) \
+                and "/lib/python3" not in filename:
+            break   # the script's innermost frame
+        below.append(filename)
+    return any("/keras/src/layers/" in filename for filename in below)
 
 
 def make(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -4,7 +4,8 @@
 the batch's projections in a ``keras.Variable`` (aggregation "none") and
 counts its steps in another. Under ``mirrorkit run`` on 2 replicas the
 queue's assignment is named once, at the script's line; the counter (the same
-value on every replica) is not. With the check off by name nothing is said
+value on every replica) and the moving statistics Keras's BatchNormalization
+assigns inside the step are not. With the check off by name nothing is said
 and training is the same: the check never changes an update.
 """
 
