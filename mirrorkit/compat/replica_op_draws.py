@@ -12,8 +12,8 @@ on one worker the second replica's op gets other seeds than the first's, so
 its rows are random but not plain Python's.
 
 The fix gives each replica's k-th unseeded draw of a step the op seed one
-device's k-th draw gets (:func:`make_get_seed`), so every replica's op has
-one device's seeds, and wraps the ops' generated functions
+device's k-th draw gets (:func:`make_get_seed` numbers them), so every
+replica's op has one device's seeds, and wraps the ops' generated functions
 (``random_standard_normal``, ``random_uniform``, ``truncated_normal``, which
 ``tf.random.normal``, ``uniform``, ``truncated_normal`` and ``tf.nn.dropout``
 call): a batch-shaped draw in a replica's step draws the global batch's
@@ -40,16 +40,20 @@ from mirrorkit.compat.replica_random import rows_of_global, shape_list, with_sta
 # draws each replica thread has made in it.
 _BASE: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
 _MADE: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+# This thread's last unseeded draw: (the seeds TensorFlow gave, one device's).
+_local = threading.local()
 
 
 def make_get_seed(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """Wrap ``random_seed.get_seed``: a replica's k-th unseeded draw gets one device's k-th seed.
+    """Wrap ``random_seed.get_seed``: note one device's seed for a replica's k-th unseeded draw.
 
     With a global seed and no op seed, TensorFlow numbers a graph's random
     ops in creation order. One device's step makes its draws 0, 1, 2 ...;
     replicas tracing into one graph take turns and interleave the numbers.
-    Here each replica thread counts its own draws from the number the step's
-    first draw got, as one device does.
+    Each replica thread counts its own draws from the number the step's
+    first draw got, as one device does; the op functions :func:`make` wraps
+    use that number (other random ops, ``shuffle`` or ``categorical``, keep
+    TensorFlow's).
 
     Example:
         >>> from tensorflow.python.framework import random_seed      # doctest: +SKIP
@@ -58,6 +62,7 @@ def make_get_seed(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
     def get_seed(op_seed: Any) -> Any:
         seeds = original(op_seed)
+        _local.pending = None
         if op_seed is not None or seeds[0] is None:
             return seeds
         import tensorflow as tf
@@ -71,9 +76,16 @@ def make_get_seed(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
         made = _MADE.setdefault(graph, {})
         thread = threading.get_ident()
         made[thread] = made.get(thread, 0) + 1
-        return seeds[0], base + made[thread] - 1
+        _local.pending = (tuple(seeds), (seeds[0], base + made[thread] - 1))
+        return seeds
 
     return get_seed
+
+
+def _one_device_seeds(seed: int, seed2: int) -> tuple[int, int]:
+    """The seeds one device's op gets for the draw ``get_seed`` just numbered, else these."""
+    pending, _local.pending = getattr(_local, "pending", None), None
+    return pending[1] if pending is not None and pending[0] == (seed, seed2) else (seed, seed2)
 
 
 def make(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -88,6 +100,7 @@ def make(original: Callable[..., Any]) -> Callable[..., Any]:
         rows = step_rows.current()
         if rows is None or rows.graph is None or not (seed or seed2):
             return original(shape, dtype, seed=seed, seed2=seed2, name=name)
+        seed, seed2 = _one_device_seeds(seed, seed2)
         dims = shape_list(shape)
         if dims is None or not step_rows.inside(rows.graph):
             return original(shape, dtype, seed=seed, seed2=seed2, name=name)
