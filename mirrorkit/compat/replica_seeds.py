@@ -45,7 +45,8 @@ def make_thread_init(original: Callable[..., Any]) -> Callable[..., Any]:
 
     Example:
         >>> from tensorflow.python.distribute import mirrored_run        # doctest: +SKIP
-        >>> patched = make_thread_init(mirrored_run._MirroredReplicaThread.__init__)  # doctest: +SKIP
+        >>> init = mirrored_run._MirroredReplicaThread.__init__          # doctest: +SKIP
+        >>> patched = make_thread_init(init)                             # doctest: +SKIP
     """
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:

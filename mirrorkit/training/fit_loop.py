@@ -30,6 +30,7 @@ from mirrorkit import _env
 from mirrorkit.errors import RunError
 from mirrorkit.protocol import status_file_name
 from mirrorkit.training.events import EVENTS_FILE, EventLog
+from mirrorkit.training.interrupts import Interrupts
 from mirrorkit.training.output import has_backup, make_output
 
 logger = logging.getLogger(__name__)
@@ -155,32 +156,35 @@ def fit(run: Any, model: Any, plan: Any, train_ds: Any, val_ds: Any,
     end = epochs or config.epochs
     epochs_done: list[int] = []
     initial = initial_epoch
+    interrupts = Interrupts()
+    own.insert(0, interrupts.callback())   # before the others: stops at once
     try:
-        while True:
-            try:
-                # shuffle=False: the pipeline already shuffles (Keras would only warn).
-                history = model.fit(train_ds, epochs=end, steps_per_epoch=plan.steps,
-                                    validation_data=val_ds, validation_steps=plan.val_steps,
-                                    callbacks=own + list(extra), initial_epoch=initial,
-                                    verbose=1 if run.runtime.is_chief else 0, shuffle=False)
-                epochs_done += history.epoch
-                return Fitted(epochs_done, meter, monitor, rollback, events)
-            except NonFiniteLossError as err:
-                done = getattr(model, "history", None)
-                epochs_done += list(getattr(done, "epoch", []))
-                if rollback.exhausted:
-                    raise _stopped(err, run, plan, rollback) from err
-                incident = rollback.prepare(err)
-                line = describe(incident, rollback.max_rollbacks)
-                # Leading newline: Keras's progress bar leaves the cursor mid-line.
-                run.tell("\n" + line)
-                if not run.runtime.is_chief:
-                    logger.warning("mirrorkit: %s", line)
-                events.write("rollback", **incident)
-                initial = incident["restored_epoch"]
-                for callback in own:
-                    if isinstance(callback, keras.callbacks.CSVLogger):
-                        callback.append = True  # keep the rows written so far
+        with interrupts:
+            while True:
+                try:
+                    # shuffle=False: the pipeline already shuffles (Keras would only warn).
+                    history = model.fit(train_ds, epochs=end, steps_per_epoch=plan.steps,
+                                        validation_data=val_ds, validation_steps=plan.val_steps,
+                                        callbacks=own + list(extra), initial_epoch=initial,
+                                        verbose=1 if run.runtime.is_chief else 0, shuffle=False)
+                    epochs_done += history.epoch
+                    return Fitted(epochs_done, meter, monitor, rollback, events)
+                except NonFiniteLossError as err:
+                    done = getattr(model, "history", None)
+                    epochs_done += list(getattr(done, "epoch", []))
+                    if rollback.exhausted:
+                        raise _stopped(err, run, plan, rollback) from err
+                    incident = rollback.prepare(err)
+                    line = describe(incident, rollback.max_rollbacks)
+                    # Leading newline: Keras's progress bar leaves the cursor mid-line.
+                    run.tell("\n" + line)
+                    if not run.runtime.is_chief:
+                        logger.warning("mirrorkit: %s", line)
+                    events.write("rollback", **incident)
+                    initial = incident["restored_epoch"]
+                    for callback in own:
+                        if isinstance(callback, keras.callbacks.CSVLogger):
+                            callback.append = True  # keep the rows written so far
     except KeyboardInterrupt:
         events.write("run_end", status="interrupted")
         run.tell(f"\ninterrupted: the last epoch backup is in {out / 'backup'}; continue with "
