@@ -31,14 +31,25 @@ logger = logging.getLogger(__name__)
 _NAMED: set[str] = set()
 
 
+_LIBRARIES = ("tensorflow", "keras", "mirrorkit", "site-packages", "dist-packages")
+
+
+def in_script(filename: str) -> bool:
+    """Is ``filename`` the script's code (not a library's nor Python's own)?
+
+    Example:
+        >>> in_script("/home/me/train.py"), in_script("/x/site-packages/keras/src/ops.py")
+        (True, False)
+    """
+    return bool(filename) and not any(f"/{lib}/" in filename for lib in _LIBRARIES) \
+        and "/lib/python3" not in filename
+
+
 def where(op: Any) -> str:
     """The script's line that made ``op`` (``file.py:12 in train_step``), else its name."""
-    libraries = ("tensorflow", "keras", "mirrorkit", "site-packages", "dist-packages")
     for frame in reversed(list(getattr(op, "traceback", None) or ())):
-        filename = getattr(frame, "filename", "")
-        if filename and not any(f"/{lib}/" in filename for lib in libraries) \
-                and "/lib/python3" not in filename:
-            return f"{os.path.basename(filename)}:{frame.lineno} in {frame.name}"
+        if in_script(getattr(frame, "filename", "")):
+            return f"{os.path.basename(frame.filename)}:{frame.lineno} in {frame.name}"
     return repr(op.name)
 
 

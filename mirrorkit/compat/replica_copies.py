@@ -34,8 +34,6 @@ logger = logging.getLogger(__name__)
 
 # The places already named (where the script assigns), once per process.
 _NAMED: set[str] = set()
-# Where library code lives (as mirrorkit.compat.paired_losses.where reads frames).
-_LIBRARIES = ("tensorflow", "keras", "mirrorkit", "site-packages", "dist-packages")
 
 
 def _check(var: Any, value: Any, replicas: int) -> None:
@@ -70,12 +68,13 @@ def _in_keras_layer(op: Any) -> bool:
     layer even when a custom ``train_step`` calls the model: announced on
     their own (``--sync-batch-norm``), not the script's assignment.
     """
+    from mirrorkit.compat.paired_losses import in_script
+
     frames = list(getattr(op, "traceback", None) or ())
     below = []
     for frame in reversed(frames):
         filename = getattr(frame, "filename", "")
-        if ".py" in filename and not any(f"/{lib}/" in filename for lib in _LIBRARIES) \
-                and "/lib/python3" not in filename:
+        if in_script(filename):
             break   # the script's innermost frame
         below.append(filename)
     return any("/keras/src/layers/" in filename for filename in below)
