@@ -169,6 +169,7 @@ def conv_mis_shapes_empty_batches() -> bool:
 
 import contextlib  # noqa: E402
 import fcntl  # noqa: E402
+import gc  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
@@ -317,6 +318,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(tryfirst=True)   # before xdist tells the controller it has collected
 def pytest_collection_finish(session: pytest.Session) -> None:
     """On an xdist worker: write each test's group for the controller's scheduler."""
+    # Collection imported TensorFlow and Keras, whose ~300,000 objects live as
+    # long as the worker: out of the collector's way, as mirrorkit's own
+    # processes do (mirrorkit.launcher.import_gc).
+    gc.freeze()
     worker_input = getattr(session.config, "workerinput", None)
     if worker_input is None or "mirrorkit_lock_dir" not in worker_input:
         return

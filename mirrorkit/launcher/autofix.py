@@ -19,11 +19,13 @@ Example (what the launcher's sitecustomize does):
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.machinery
 import logging
 import sys
-from typing import Any, Callable
+import threading
+from typing import Any, Callable, ContextManager
 
 from mirrorkit import _env
 from mirrorkit.patching import engine
@@ -50,7 +52,7 @@ def _after_keras() -> None:
 class _Loader(importlib.abc.Loader):
     """Runs a module with its real loader, then one callback."""
 
-    def __init__(self, loader: Any, name: str, hook: "_AfterImport") -> None:
+    def __init__(self, loader: Any, name: str, hook: "AfterImport") -> None:
         self._loader, self._name, self._hook = loader, name, hook
 
     def create_module(self, spec: Any) -> Any:
@@ -62,7 +64,8 @@ class _Loader(importlib.abc.Loader):
         module.__loader__ = self._loader
         if getattr(module, "__spec__", None) is not None:
             module.__spec__.loader = self._loader
-        self._loader.exec_module(module)
+        with self._hook.around(self._name):
+            self._loader.exec_module(module)
         # Popped only now: importlib.util.find_spec("keras") (TensorFlow
         # probes for Keras that way) finds a spec without loading it.
         callback = self._hook.pending.pop(self._name, None)
@@ -70,30 +73,52 @@ class _Loader(importlib.abc.Loader):
             return
         try:
             callback()
-        except Exception as err:  # never break the user's program over a fix
-            logger.warning("mirrorkit: could not apply fixes after import (%s)", err)
+        except Exception as err:  # never break the user's program over a fix or a speed-up
+            logger.warning("mirrorkit: could not finish its set-up after importing %s (%s)",
+                           self._name, err)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself; wraps the real loader of a few watched modules."""
+class AfterImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself; wraps the real loader of a few watched modules.
+
+    Each watched module's callback runs once, right after the module has run.
+
+    Example:
+        >>> hook = AfterImport({"json": lambda: print("json imported")})
+        >>> hook.find_spec("csv", None) is None
+        True
+    """
 
     def __init__(self, callbacks: dict[str, Callable[[], None]]) -> None:
         self.pending = dict(callbacks)
+        self._searching: set[tuple[int, str]] = set()
+
+    def around(self, name: str) -> ContextManager[Any]:
+        """What runs around a watched module's own code (nothing here; subclasses say)."""
+        return contextlib.nullcontext()
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name not in self.pending:
+        key = (threading.get_ident(), name)
+        if name not in self.pending or key in self._searching:
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _Loader(spec.loader, name, self)
-                return spec
-        return None
+        # Another hook watching the same module asks every finder too, this
+        # one included: asked again during its own search, it answers None,
+        # and the module gets both hooks' loaders, one inside the other.
+        self._searching.add(key)
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(name, path, target)
+                if spec is not None and spec.loader is not None:
+                    spec.loader = _Loader(spec.loader, name, self)
+                    return spec
+            return None
+        finally:
+            self._searching.discard(key)
 
 
 def install() -> bool:
@@ -109,7 +134,7 @@ def install() -> bool:
         >>> autofix.install()       # doctest: +SKIP
         True
     """
-    if any(isinstance(f, _AfterImport) for f in sys.meta_path):
+    if any(type(f) is AfterImport for f in sys.meta_path):
         return False
     try:
         if not engine.enabled(NAME):
@@ -122,8 +147,5 @@ def install() -> bool:
         if name in sys.modules:
             callbacks.pop(name)()
     if callbacks:
-        hook = _AfterImport(callbacks)
-        # A new list in front of the finders (importlib reads sys.meta_path on
-        # every import).
-        engine.replace(NAME, sys, "meta_path", lambda finders: [hook, *finders])
+        engine.add_finder(NAME, AfterImport(callbacks))
     return True

@@ -36,6 +36,26 @@ ADAPTATIONS = (
                 "a launched program that never imports mirrorkit still needs its fixes "
                 "(keras#20585 breaks the stock multi-worker tutorial).",
                 "tests/launcher/test_autofix_patch.py", scope="worker"),
+    _adaptation("deferred-optional-imports",
+                ("sys.meta_path", "keras.src.trainers.data_adapters.array_slicing.pandas/"
+                 "ARRAY_TYPES", "keras.src.visualization.plot_image_gallery.plt",
+                 "keras.src.visualization.plot_bounding_box_gallery.patches"),
+                "Keras no longer imports pandas and matplotlib when it is imported: its "
+                "array adapter gets pandas when the program imports it, its galleries import "
+                "matplotlib when they draw",
+                "Keras imports both whenever they are installed, used or not: about a fifth "
+                "of the CPU time of `import tensorflow, keras` at every worker start and "
+                "restart (benchmarks/startup.py).",
+                "tests/launcher/test_startup.py", scope="start-up",
+                tested=TESTED_LATEST),
+    _adaptation("import-gc-freeze", ("gc (paused while tensorflow and keras import, then "
+                                     "gc.freeze)",),
+                "Python's cyclic garbage collector pauses while TensorFlow and Keras import, "
+                "and the objects they made are frozen out of its way",
+                "import tensorflow makes ~300,000 lasting objects; the collector walks them "
+                "many times during the import and at every full collection after it, freeing "
+                "nothing: about a sixth of a small job's CPU (benchmarks/startup.py).",
+                "tests/launcher/test_startup.py", scope="start-up", tested=TESTED_LATEST),
     _adaptation("script-strategies",
                 ("tf.distribute.MirroredStrategy", "tf.distribute.MultiWorkerMirroredStrategy",
                  "tf.distribute.experimental.MultiWorkerMirroredStrategy",

@@ -28,6 +28,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import sys
+import types
 from collections import Counter
 from typing import Any, Callable, Iterable, Iterator
 
@@ -70,8 +72,10 @@ def _own(owner: Any, attr: str) -> Any:
 
 
 def _mark(value: Any, name: str, original: Any) -> None:
-    if isinstance(value, type):
-        return  # a class outlives the patch (mirrorkit's own subclasses): remembered only
+    if isinstance(value, (type, types.ModuleType)):
+        # A class outlives the patch (mirrorkit's own subclasses), a module is
+        # everyone's (one handed to the module that imports it): remembered only.
+        return
     try:
         setattr(value, MARKER, name)
         setattr(value, ORIGINAL, original)
@@ -134,6 +138,23 @@ def replace(name: str, owner: Any, attr: str, make: Callable[[Any], Any], *,
     setattr(owner, attr, value)
     _LIVE.setdefault(name, []).append(_Change(owner, attr, previous, value))
     return value
+
+
+def add_finder(name: str, finder: Any) -> bool:
+    """Put an import hook first in ``sys.meta_path`` under patch ``name``.
+
+    Returns False (and adds nothing) when the patch is turned off.
+
+    Raises:
+        ValueError: the environment names an unknown patch.
+
+    Example:
+        >>> import importlib.abc
+        >>> add_finder("fixes-on-import", importlib.abc.MetaPathFinder()), undo("fixes-on-import")
+        (True, 1)
+    """
+    # A new list in front of the finders (importlib reads sys.meta_path on every import).
+    return replace(name, sys, "meta_path", lambda finders: [finder, *finders]) is not None
 
 
 def _restore(change: _Change) -> bool:

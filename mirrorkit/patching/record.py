@@ -29,6 +29,8 @@ SCOPES = {
     "process": "once applied, for the rest of the process",
     "multi-worker process": "in a process that joins a multi-worker cluster",
     "worker": "in a Python worker started by `mirrorkit launch`",
+    "start-up": "from the start of a `mirrorkit` command and of a Python worker started by "
+                "`mirrorkit launch`",
     "script": "while `mirrorkit run` runs a script",
     "multi-worker script": "while `mirrorkit run` runs a script as one worker of a cluster",
     "object": "on the objects mirrorkit creates itself",

@@ -440,7 +440,7 @@ def test_bootstrap_runs_a_shadowed_sitecustomize_and_installs_the_hook(tmp_path)
     (tmp_path / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = '1'\n")
     code = ("import os, sys\n"
             "print(os.environ.get('USER_SITE_RAN'),"
-            " any(type(f).__name__ == '_AfterImport' for f in sys.meta_path),"
+            " any(type(f).__name__ == 'AfterImport' for f in sys.meta_path),"
             " 'tensorflow' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=clean_env(PYTHONPATH=os.pathsep.join([str(SITE_DIR),

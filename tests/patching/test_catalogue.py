@@ -16,7 +16,7 @@ from conftest import REPO, clean_env
 from mirrorkit.compat import FIXES
 from mirrorkit.patching import PATCHES
 
-_ENGINE_CALLS = {"replace", "applied", "on_object", "enabled"}
+_ENGINE_CALLS = {"replace", "applied", "on_object", "enabled", "add_finder"}
 
 
 def _names_used_in_source() -> set[str]:

@@ -34,6 +34,13 @@ finally:
     except Exception:  # a broken or missing mirrorkit must not break the worker
         pass
     try:
+        # A cheaper TensorFlow start, at every worker start and restart.
+        from mirrorkit.launcher import startup
+
+        startup.install()
+    except Exception:
+        pass
+    try:
         # TF_CONFIG and this bootstrap are for this worker, not for the
         # processes it starts (they would join the cluster).
         from mirrorkit.launcher import bootstrap
