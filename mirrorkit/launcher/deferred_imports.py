@@ -54,14 +54,20 @@ _PACKAGES = frozenset(_DEFERRED.values())
 
 
 def _importer() -> str | None:
-    """The module whose code runs the import being looked up (past importlib's frames)."""
+    """The module whose top-level code runs the import being looked up, or None.
+
+    Past importlib's frames and other import hooks asking on its behalf. An
+    import inside a function is not deferred: only Keras's module-level
+    ``try: import ... except ImportError`` is known to expect a refusal.
+    """
     frame = sys._getframe(2)
-    while frame is not None:
-        name = frame.f_globals.get("__name__", "")
-        if not name.startswith(("importlib", "_frozen_importlib")):
-            return name
+    while frame is not None and (
+            frame.f_globals.get("__name__", "").startswith(("importlib", "_frozen_importlib"))
+            or frame.f_code is AfterImport.find_spec.__code__):
         frame = frame.f_back
-    return None
+    if frame is None or frame.f_code.co_name != "<module>":
+        return None
+    return frame.f_globals.get("__name__")
 
 
 class _OnFirstUse:
