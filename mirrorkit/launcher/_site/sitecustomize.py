@@ -3,6 +3,7 @@
 Python imports ``sitecustomize`` at start-up. This one runs any
 ``sitecustomize`` it shadows, then asks :mod:`mirrorkit.launcher.autofix` to
 apply mirrorkit's Keras fixes once the program imports TensorFlow and Keras,
+makes that import cheaper (:mod:`mirrorkit.launcher.startup`),
 and keeps ``TF_CONFIG`` and itself out of the processes the program starts
 (:mod:`mirrorkit.launcher.bootstrap`). It never fails the program: without
 mirrorkit importable it does nothing.
