@@ -89,6 +89,15 @@ ADAPTATIONS = (
                 "statistics, so a model with BatchNormalization trains unlike one device.",
                 "tests/runner/test_sync_batch_norm.py", scope="script",
                 tested=TESTED_LATEST),
+    _adaptation("one-replica-step-notice",
+                ("keras.src.optimizers.base_optimizer.BaseOptimizer.apply",),
+                "the first optimizer update made outside fit and strategy.run with 2+ "
+                "replicas logs one line saying that step runs on one replica; training is "
+                "unchanged",
+                "a custom loop that calls its step directly (the TensorFlow DCGAN tutorial) "
+                "trains on one device of N under mirrorkit's scope, and nothing said so.",
+                "tests/runner/test_one_replica_steps.py", scope="script",
+                tested=TESTED_LATEST),
     _adaptation("speed-up-fit", ("keras.Model.compile", "Model.steps_per_execution (per model)"),
                 "with --speed-up-fit, fit runs several steps per tf.function call when the "
                 "script left steps_per_execution alone",

@@ -107,6 +107,7 @@ from mirrorkit.runner import chief_saving, downloads, job_dirs
 from mirrorkit.runner.config import RunConfig, ScriptFailed, check_script
 from mirrorkit.runner.exports import chief_only_saved_models, restored_calls
 from mirrorkit.runner.model_methods import model_methods
+from mirrorkit.runner.one_replica_steps import one_replica_steps
 from mirrorkit.runner.scope import ScriptScope
 from mirrorkit.runner.strategies import script_strategies
 from mirrorkit.runner.sync_bn import synchronized_batch_norm
@@ -178,6 +179,7 @@ def run_script(config: RunConfig,
                 restored_calls(scope), chief_only_saved_models(runtime), \
                 model_methods(scale, config.speed_up_fit, config.compares_one_device()), \
                 synchronized_batch_norm(config.syncs_batch_norm()), \
+                one_replica_steps(runtime.replicas), \
                 chief_saving.installed(runtime), \
                 downloads.installed(runtime), job_dirs.installed(runtime):
             _run_path(path)
