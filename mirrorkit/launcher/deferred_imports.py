@@ -87,7 +87,7 @@ class _Deferrer(AfterImport):
     """Refuses the two optional imports to the Keras modules that make them eagerly."""
 
     def __init__(self) -> None:
-        callbacks = {name: functools.partial(self._after_user, name) for name in _ON_FIRST_USE}
+        callbacks = {name: functools.partial(self._after_gallery, name) for name in _ON_FIRST_USE}
         super().__init__({"pandas": self._after_pandas, "matplotlib": self._after_matplotlib,
                           **callbacks})
         self.deferred: set[str] = set()
@@ -119,7 +119,7 @@ class _Deferrer(AfterImport):
         if self.deferred & _ON_FIRST_USE.keys():
             importlib.import_module("matplotlib.pyplot")
 
-    def _after_user(self, name: str) -> None:
+    def _after_gallery(self, name: str) -> None:
         attr, module = _ON_FIRST_USE[name]
         top = module.partition(".")[0]
         if name in self.deferred and importlib.util.find_spec(top) is not None:
