@@ -54,8 +54,10 @@ def clean_env(*, optional_packages: bool = False, **extra: str | None) -> dict[s
     for name in [name for name, value in env.items() if value is None]:
         del env[name]
     if not optional_packages:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BASE_INSTALL),
-                                                          env.get("PYTHONPATH")]))
+        # Last on PYTHONPATH (still before site-packages): a test's own
+        # sitecustomize (or the launcher's bootstrap) comes first.
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"),
+                                                          str(BASE_INSTALL)]))
     return env
 
 

@@ -185,8 +185,12 @@ def test_keras_io_guide_second_run_restores_the_chiefs_newest_checkpoint(tmp_pat
     _same_numbers(plain, proc)
     # The control: patch "checkpoint-barrier" off by name, and worker 1 lists
     # the folder while the chief is still writing: it loads a half-written zip.
-    control = _run(command, tmp_path / "control",
-                   **{_env.COMPAT_DISABLE: "checkpoint-barrier"})
+    # (The chief holds until worker 1 says it is listing, up to 120 s: on a busy
+    # machine worker 1 can reach its listing more than 3 s after the chief.)
+    listed = tmp_path / "listed"
+    listed.mkdir()
+    control = _run([*LAUNCH, GUIDE, "--slow-chief-save", "120", "--listed", str(listed)],
+                   tmp_path / "control", **{_env.COMPAT_DISABLE: "checkpoint-barrier"})
     assert control.returncode != 0
     assert "File not found: filepath=./ckpt/ckpt-2.keras. Please ensure the file is an " \
            "accessible `.keras` zip file" in control.stdout + control.stderr
