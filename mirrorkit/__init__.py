@@ -74,7 +74,7 @@ _LAZY = {"WarmupSchedule": "mirrorkit.training.schedules",
          "build_model": "mirrorkit.training.models",
          # `mirrorkit bench` as a library (TensorFlow-free itself; lazy to keep import light).
          "BenchConfig": "mirrorkit.bench", "run_bench": "mirrorkit.bench",
-         # Ray Train's TensorflowTrainer for a mirrorkit job (imports Ray when called).
+         # A Ray Train trainer for a mirrorkit job (imports Ray when called).
          "ray_trainer": "mirrorkit.launcher.ray_job"}
 
 

@@ -71,7 +71,7 @@ class _LauncherLog(logging.Handler):
               "Example: mirrorkit launch -n 12 --oversubscribe -- python train.py")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="auto", default=None,
               metavar="[ADDRESS]",
-              help="Run the workers on a Ray cluster through Ray Train's TensorflowTrainer "
+              help="Run the workers on a Ray cluster through Ray Train "
               "(needs pip install \"mirrorkit[ray]\"): ADDRESS is its head's HOST:PORT, or "
               "auto (the default: RAY_ADDRESS, else the cluster started on this machine). "
               "--max-restarts, --min-workers and --gpus-per-worker map to Ray Train's. "

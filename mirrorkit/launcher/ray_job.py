@@ -1,6 +1,6 @@
 """``mirrorkit launch --ray``: the driver of a job whose workers Ray Train places on a cluster.
 
-:func:`trainer` builds Ray Train's ``TensorflowTrainer`` for a command line
+:func:`trainer` builds a Ray Train trainer for a command line
 (``mirrorkit train ...``, ``mirrorkit run script.py``, ``python script.py``):
 ``ScalingConfig(num_workers, resources_per_worker, use_gpu)`` from the worker
 count and resources, ``FailureConfig(max_failures)`` from the restarts,
@@ -167,12 +167,12 @@ class RayJobSpec:
 
 
 def _build(spec: RayJobSpec, *, echo: bool) -> tuple[Any, Any]:
-    """The configured ``TensorflowTrainer`` and the job's journal actor."""
+    """The configured Ray Train trainer and the job's journal actor."""
     import_ray()
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.tensorflow import TensorflowTrainer
 
+    from mirrorkit.launcher.ray_backend import TFConfigBackend, trainer_class
     from mirrorkit.launcher.ray_worker import train_loop
 
     environ = _env.snapshot()
@@ -184,9 +184,11 @@ def _build(spec: RayJobSpec, *, echo: bool) -> tuple[Any, Any]:
               "threads": max(1, round(spec.cpus_per_worker))}
     run_config = RunConfig(name=f"mirrorkit-{env[protocol.RUN_ID]}", storage_path=spec.storage,
                            failure_config=FailureConfig(max_failures=spec.max_restarts))
-    made = TensorflowTrainer(train_loop, train_loop_config=config,
-                             scaling_config=ScalingConfig(**spec.scaling()),
-                             run_config=run_config)
+    # What TensorflowTrainer is, minus its TensorFlow import in Ray's processes.
+    made = trainer_class()(train_loop, train_loop_config=config,
+                           backend_config=TFConfigBackend(),
+                           scaling_config=ScalingConfig(**spec.scaling()),
+                           run_config=run_config)
     return made, journal
 
 
@@ -194,7 +196,7 @@ def trainer(command: Sequence[str], *, num_workers: int = 2, cpus_per_worker: fl
             gpus_per_worker: float = 0.0, max_restarts: int = 0,
             min_workers: int | None = None, storage_path: str | None = None,
             env: Mapping[str, str] | None = None) -> Any:
-    """A Ray Train ``TensorflowTrainer`` that runs ``command`` as mirrorkit workers.
+    """A Ray Train trainer that runs ``command`` as mirrorkit workers.
 
     For a driver of your own: every worker runs ``command`` (``mirrorkit train
     ...`` with its flags, ``mirrorkit run script.py`` or ``python script.py``)
@@ -218,7 +220,10 @@ def trainer(command: Sequence[str], *, num_workers: int = 2, cpus_per_worker: fl
         env: extra variables for every worker's program.
 
     Returns:
-        A ``ray.train.tensorflow.TensorflowTrainer``; call ``fit()``.
+        A Ray Train ``DataParallelTrainer`` that sets each worker's
+        ``TF_CONFIG`` as ``TensorflowTrainer`` does (without loading TensorFlow
+        into Ray's own processes: :mod:`mirrorkit.launcher.ray_backend`); call
+        ``fit()``.
 
     Raises:
         MissingDependency: Ray Train is not installed.

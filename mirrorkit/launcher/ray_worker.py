@@ -1,7 +1,8 @@
 """What runs inside each Ray Train worker of ``mirrorkit launch --ray``: the user's command.
 
-Ray Train's ``TensorflowTrainer`` starts one worker actor per rank on the
-cluster's nodes and sets ``TF_CONFIG`` in it (the node's address, a free port).
+Ray Train starts one worker actor per rank on the cluster's nodes and
+:mod:`mirrorkit.launcher.ray_backend` sets ``TF_CONFIG`` in it (the node's
+address, a free port), as Ray's ``TensorflowTrainer`` does.
 :func:`train_loop`, the trainer's ``train_loop_per_worker``, then does what a
 local launch's :class:`~mirrorkit.launcher.group.WorkerGroup` does for one
 worker: it starts the command line as a child process with the same
@@ -67,8 +68,9 @@ def child_env(base: Mapping[str, str], *, tf_config: str, rank: int, attempt: in
               threads: int | None) -> dict[str, str]:
     """The environment of one worker's program: a local launch's, with Ray's ``TF_CONFIG``.
 
-    Ray's TensorFlow backend also sets ``TF_USE_LEGACY_KERAS=1`` (for
-    ``tf_keras``); mirrorkit runs Keras 3, so it is dropped unless ``job``
+    Ray's own TensorFlow backend sets ``TF_USE_LEGACY_KERAS=1`` (for
+    ``tf_keras``), and an actor can inherit it from the cluster's
+    environment; mirrorkit runs Keras 3, so it is dropped unless ``job``
     (the driver's variables) sets it.
 
     Example:
@@ -187,7 +189,7 @@ def train_loop(config: dict[str, Any]) -> None:
         RuntimeError: the command failed; Ray restarts the worker group while
             its ``FailureConfig(max_failures)`` allows.
 
-    Example (what ``TensorflowTrainer`` calls on every worker):
+    Example (what the Ray Train trainer calls on every worker):
         >>> train_loop({"command": ["mirrorkit", "train"], ...})   # doctest: +SKIP
     """
     import ray

@@ -6,6 +6,8 @@ the CLI's refusals go through click's runner and end before Ray is imported.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from click.testing import CliRunner
 
@@ -102,3 +104,14 @@ def test_an_address_without_a_ray_head_is_one_line_not_minutes_of_retries():
     result = CliRunner().invoke(cli, ["launch", "--ray", f"127.0.0.1:{port}", "-n", "2", "--",
                                       "no-such-program-here"])
     assert result.exit_code == 1 and "Command not found: 'no-such-program-here'" in result.output
+
+
+def test_the_backend_writes_ray_trains_tf_config_and_a_reachable_address():
+    pytest.importorskip("ray")
+    from mirrorkit.launcher import ray_backend
+
+    assert json.loads(ray_backend.tf_config(["10.0.0.1:5001", "10.0.0.2:5002"], 1)) == {
+        "cluster": {"worker": ["10.0.0.1:5001", "10.0.0.2:5002"]},
+        "task": {"type": "worker", "index": 1}}
+    host, port = ray_backend._address().rsplit(":", 1)
+    assert host and 0 < int(port) < 65536
