@@ -9,7 +9,7 @@ round = one job of each kind, alternated, ~1.5-3 min per round on a quiet
 Both arms run the same job, ``mirrorkit train --epochs E
 --per-replica-batch 32`` (the embedded digits, the small CNN) as 2 workers:
 the local arm through mirrorkit's own launcher, the Ray arm through Ray
-Train's ``TensorflowTrainer`` on a head started here with ``ray start --head
+Train (``mirrorkit.launcher.ray_backend``) on a head started here with ``ray start --head
 --block`` (2 CPUs, no dashboard; ``--cpus-per-worker 1``). Per job it takes,
 from the chief's ``metrics.json``: the per-step time (global batch /
 images per second) and the final ``val_accuracy``; and from the clock: the
