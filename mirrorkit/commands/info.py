@@ -49,6 +49,8 @@ def info(as_json: bool, simulate_cpus: int | None, strategy: str | None) -> None
             continue
         if isinstance(value, list):
             value = ", ".join(str(v) for v in value) or "-"
+        elif key == "distributions":
+            value = ", ".join(f"{module} from {dist}" for module, dist in value.items())
         click.echo(f"{key:<{width}}  {value}")
     click.echo(f"patches (what mirrorkit changes in Keras, TensorFlow and Python; turn one off "
                f"with MIRRORKIT_COMPAT_DISABLE=NAME):")

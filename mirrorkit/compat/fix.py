@@ -32,11 +32,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 from typing import Any, Callable
 
 from mirrorkit.compat import known_issues
-from mirrorkit.patching import engine
+from mirrorkit.patching import engine, targets
 from mirrorkit.patching.catalogue import PATCHES
 
 
@@ -87,17 +86,16 @@ class Fix:
         make: builds the patched function from the original.
         probe: ``probe(strategy)`` -> True when the bug shows, False when it
             does not, None when it cannot tell on that strategy.
-        also: further spots patched under the same name, each ``(module,
-            attribute, class or None, make)``; one that this Keras lacks is
-            skipped (the main ``target`` must exist).
+        also: further spots patched under the same name, each ``(role,
+            attribute, make)``; every one must exist, or the fix is unavailable.
     """
 
     name: str
     error: str
-    target: tuple[str, str, str | None]
+    target: tuple[str, str]
     make: Callable[[Callable[..., Any]], Callable[..., Any]]
     probe: Callable[[Any], bool | None] | None = None
-    also: tuple[tuple[str, str, str | None, Callable[..., Any]], ...] = ()
+    also: tuple[tuple[str, str, Callable[..., Any]], ...] = ()
 
     @property
     def ref(self) -> str:
@@ -109,28 +107,50 @@ class Fix:
         """What breaks without the fix, in one sentence."""
         return PATCHES[self.name].reason.split(":", 1)[1].strip()
 
-    def _targets(self) -> list[tuple[tuple[str, str, str | None], Callable[..., Any]]]:
-        found = [(self.target, self.make)]
-        for module, attr, cls, make in self.also:
-            try:
-                self._owner((module, attr, cls))
-            except FixUnavailable:
-                continue  # another Keras version's spot: nothing to patch there
-            found.append(((module, attr, cls), make))
-        return found
+    def where(self) -> list[str]:
+        """Every patched spot as found in this Keras/TensorFlow (``module.Class.attr``).
 
-    def _owner(self, target: tuple[str, str, str | None] | None = None) -> Any:
-        module, attr, cls = target or self.target
+        Example:
+            >>> from mirrorkit.compat import FIXES
+            >>> FIXES["scalar-logs"].where()                      # doctest: +SKIP
+            ['keras.src.backend.tensorflow.trainer.reduce_per_replica']
+        """
+        return [targets.describe(role, attr) for (role, attr), _ in self._specs()]
+
+    def _specs(self) -> list[tuple[tuple[str, str], Callable[..., Any]]]:
+        return [(self.target, self.make)] + [((role, attr), make)
+                                             for role, attr, make in self.also]
+
+    def find_targets(self) -> None:
+        """Check that every spot this fix patches exists here.
+
+        Raises:
+            FixUnavailable: naming the first spot that does not.
+
+        Example:
+            >>> from mirrorkit.compat import FIXES
+            >>> FIXES["scalar-logs"].find_targets()               # doctest: +SKIP
+        """
+        self._targets()
+
+    def _targets(self) -> list[tuple[tuple[str, str], Callable[..., Any]]]:
+        # Every spot must be there: a fix half applied is a fix silently off
+        # for whatever the missing half covered.
+        for target, _ in self._specs():
+            self._owner(target)
+        return self._specs()
+
+    def _owner(self, target: tuple[str, str] | None = None) -> Any:
+        role, attr = target or self.target
         try:
-            owner = importlib.import_module(module)
-            owner = getattr(owner, cls) if cls else owner
+            owner = targets.owner(role)
             getattr(owner, attr)
-        except (ImportError, AttributeError) as err:
-            where = f"{module}.{cls + '.' if cls else ''}{attr}"
-            raise FixUnavailable(self.name, f"{where} is not in this Keras ({err})") from err
+        except (LookupError, AttributeError) as err:
+            raise FixUnavailable(self.name, f"{targets.describe(role, attr)} is not in this "
+                                 f"Keras/TensorFlow ({err})") from err
         return owner
 
-    def _original(self, target: tuple[str, str, str | None] | None = None) -> Any:
+    def _original(self, target: tuple[str, str] | None = None) -> Any:
         """What this fix wraps at ``target``: the value there now.
 
         That may be another fix's wrapper (two fixes of one function stack in
@@ -185,7 +205,7 @@ class Fix:
         return Decision(True, "assumed", f"{issue.package} {version} is untested and there is "
                         "nothing to probe on here; applied (harmless without the bug)")
 
-    def _current(self, target: tuple[str, str, str | None]) -> Any:
+    def _current(self, target: tuple[str, str]) -> Any:
         owner = self._owner(target)
         return vars(owner).get(target[1]) if isinstance(owner, type) \
             else getattr(owner, target[1])

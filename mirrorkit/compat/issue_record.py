@@ -13,9 +13,13 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 
 from packaging.version import InvalidVersion, Version
+
+# Where the installed versions come from; part of this module's interface too.
+from mirrorkit.patching.versions import installed_version, provider
+
+__all__ = ["KnownIssue", "installed_version", "parse_version", "provider"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,16 +116,3 @@ def parse_version(text: str) -> Version:
     except InvalidVersion as err:
         raise ValueError(f"`text` must be a PEP 440 version such as '2.21.0'. "
                          f"Received: text={text!r}") from err
-
-
-def installed_version(package: str) -> str | None:
-    """Version of an installed distribution, without importing it.
-
-    Example:
-        >>> installed_version("surely-not-installed-pkg") is None
-        True
-    """
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None

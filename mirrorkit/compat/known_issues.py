@@ -13,10 +13,16 @@ from __future__ import annotations
 
 # What an entry is and how versions compare live in issue_record; they are
 # part of this module's documented interface too.
-from mirrorkit.compat.issue_record import KnownIssue, installed_version, parse_version
+from mirrorkit.compat.issue_record import (
+    KnownIssue,
+    installed_version,
+    parse_version,
+    provider,
+)
 
 __all__ = ["KNOWN_ISSUES", "KnownIssue", "TESTED_KERAS", "TESTED_TENSORFLOW",
-           "TESTED_TENSORFLOW_LATEST", "affecting", "installed_version", "parse_version"]
+           "TESTED_TENSORFLOW_LATEST", "affecting", "installed_version", "parse_version",
+           "provider"]
 
 
 # The Keras versions of the test matrix (tools/compat-matrix/results.md).

@@ -42,6 +42,7 @@ import logging
 from typing import Any, Callable
 
 from mirrorkit.compat import loss_parts, shares, step_calls, uneven_batches
+from mirrorkit.compat.failures import failing_loudly
 from mirrorkit.compat.no_gradient_losses import gradient_possible
 
 logger = logging.getLogger(__name__)
@@ -122,14 +123,11 @@ def whole(value: Any, *, averaged: bool = True) -> Any:
     context = _context_to_read(value)
     if context is None or shares.marked(value, "whole"):
         return value
-    try:
+    with failing_loudly("logged-step-losses"):
         parts = loss_parts.reader(context)
         n_times = parts.split(value, _LOGGED_N_TIMES)
         means = parts.split(value, _ROW_MEANS) if averaged else []
         ratios = parts.split(value, _RATIOS)
-    except Exception:  # noqa: BLE001 -- reading a log must never fail the step
-        logger.debug("mirrorkit: could not read a step's log", exc_info=True)
-        return value
     out = value
     n = context.num_replicas_in_sync
     if n_times:
@@ -204,10 +202,8 @@ def make_unscale(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
             return original(value)
         out = None
         if shares.marked(value, "step") and not shares.share_of(value):
-            try:
+            with failing_loudly("logged-step-losses"):
                 kind = loss_parts.reader(_context_to_read(value)).kind(value)
-            except Exception:  # noqa: BLE001 -- reading a log must never fail the step
-                kind = loss_parts.SHARE
             out = whole(value, averaged=False) if kind != loss_parts.SHARE else None
         # Whole either way: a Loss called in a layer is unscaled by layer-losses
         # here, and is no share when its call returns.

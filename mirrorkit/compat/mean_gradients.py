@@ -58,6 +58,7 @@ import logging
 from typing import Any, Callable
 
 from mirrorkit.compat import loss_parts, step_calls, uneven_batches
+from mirrorkit.compat.failures import failing_loudly
 from mirrorkit.patching import engine
 
 logger = logging.getLogger(__name__)
@@ -151,11 +152,8 @@ def make_gradient(original: Callable[..., Any]) -> Callable[..., Any]:
                  *args: Any, **kwargs: Any) -> Any:
         context = _applies(target, output_gradients)
         if context is not None:
-            try:
+            with failing_loudly("hand-mean-gradients"):
                 found = plan(target, context)
-            except Exception:  # noqa: BLE001 -- reading the loss must never fail the step
-                logger.debug("mirrorkit: could not read a step's loss", exc_info=True)
-                found = None
             if found is not None:
                 target, output_gradients = found
         return original(self, target, sources, output_gradients, *args, **kwargs)

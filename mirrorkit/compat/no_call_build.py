@@ -64,9 +64,10 @@ def has_own_step(model: Any) -> bool:
         >>> has_own_step(keras.Sequential([keras.layers.Dense(1)]))   # doctest: +SKIP
         False
     """
-    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+    from mirrorkit.patching import targets
 
-    return any(getattr(type(model), step, None) is not getattr(TensorFlowTrainer, step)
+    trainer = targets.owner("backend-trainer")
+    return any(getattr(type(model), step, None) is not getattr(trainer, step)
                for step in ("train_step", "test_step", "predict_step"))
 
 

@@ -25,6 +25,8 @@ import logging
 import os
 from typing import Any, Callable
 
+from mirrorkit.compat.failures import failing_loudly
+
 logger = logging.getLogger(__name__)
 
 # The products already named (where the script made them), once per process.
@@ -87,10 +89,8 @@ def make(original: Callable[..., Any]) -> Callable[..., Any]:
         if context is not None and context.num_replicas_in_sync > 1 \
                 and not tf.executing_eagerly() \
                 and tf.get_static_value(context.replica_id_in_sync_group) == 0:
-            try:
+            with failing_loudly("paired-step-losses"):
                 _check(target, context.num_replicas_in_sync)
-            except Exception:  # noqa: BLE001 -- a check must never fail the user's step
-                logger.debug("mirrorkit: could not read a step's loss", exc_info=True)
         return original(self, target, *args, **kwargs)
 
     return gradient

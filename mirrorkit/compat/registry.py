@@ -5,10 +5,13 @@ wraps and how to tell whether the installed Keras has the bug (a tested
 version table, else a behavioural probe, else applied in doubt: see
 :mod:`mirrorkit.compat.fix`). Every fix is idempotent, applied only when
 needed, and can be turned off by name (``apply(disable=[...])``,
-``MIRRORKIT_COMPAT=off``, ``MIRRORKIT_COMPAT_DISABLE=a,b``). A fix whose
-target is gone from Keras is reported ``unavailable`` with one warning, and
-the feature that depends on it turns itself off (:func:`works`); creating a
-strategy never fails because of a fix. The fixes live in one module each
+``MIRRORKIT_COMPAT=off``, ``MIRRORKIT_COMPAT_DISABLE=a,b``). Targets are
+found by role (:mod:`mirrorkit.patching.targets`), so a release that renames
+a private class or moves a module changes nothing here. A fix whose target
+is gone all the same is ``not-needed`` when its probe shows the bug gone
+too; otherwise :func:`apply` stops with :class:`~mirrorkit.compat.failures.FixMissing`
+naming the fix and ``MIRRORKIT_COMPAT_DISABLE``: a strategy that trains
+with the bug silently is worse than one that is not created. The fixes live in one module each
 of :mod:`mirrorkit.compat` (the ``make`` functions below name them). One
 more is a process setting (:mod:`~mirrorkit.compat.allocator`,
 ``malloc-thresholds``): :func:`apply` runs it and it is turned off by name
@@ -34,15 +37,12 @@ from mirrorkit.compat import (  # one module per fix, and the modules they share
     static_batches, step_metrics, step_variables, symbolic_build, symbolic_names,
     symbolic_order, uneven_batches, xla_cpu,
 )
+from mirrorkit.compat.failures import FixMissing
 from mirrorkit.compat.fix import Decision, Fix, FixUnavailable
 from mirrorkit.patching import switches
 
 logger = logging.getLogger(__name__)
 
-_TRAINER = "keras.src.backend.tensorflow.trainer"
-_CORE = "keras.src.backend.tensorflow.core"
-_NN = "keras.src.backend.tensorflow.nn"
-_LOSS = "keras.src.losses.loss"
 
 # Status values :func:`apply` and :func:`status` report for each fix.
 APPLIED = "applied"
@@ -62,132 +62,132 @@ _ON_BATCH = (
 # mirrorkit.patching.catalogue (the same name).
 FIXES: dict[str, Fix] = {fix.name: fix for fix in (
     Fix("symbolic-build", "Attempt to convert a value (PerReplica",
-        (_TRAINER, "_maybe_symbolic_build", "TensorFlowTrainer"), symbolic_build.make,
+        ("backend-trainer", "_maybe_symbolic_build"), symbolic_build.make,
         probes.uneven_global_batch),
     Fix("scalar-logs", "Invalid reduction dimension 0 for input with 0 dimensions",
-        (_TRAINER, "reduce_per_replica", None), scalar_logs.make),
+        ("backend-trainer-module", "reduce_per_replica"), scalar_logs.make),
     Fix("multi-step", "You must feed a value for placeholder tensor",
-        (_TRAINER, "_make_function", "TensorFlowTrainer"), multistep.make,
+        ("backend-trainer", "_make_function"), multistep.make,
         probes.several_steps_per_call),
-    Fix("empty-conv", "Incompatible shapes", (_NN, "conv", None), empty_conv.guard_op,
-        also=((_NN, "depthwise_conv", None, empty_conv.guard_op),
-              (_NN, "separable_conv", None, empty_conv.guard_op),
-              (_NN, "conv_transpose", None, empty_conv.guard_op),
-              (_TRAINER, "make_predict_function", "TensorFlowTrainer",
+    Fix("empty-conv", "Incompatible shapes", ("backend-nn", "conv"), empty_conv.guard_op,
+        also=(("backend-nn", "depthwise_conv", empty_conv.guard_op),
+              ("backend-nn", "separable_conv", empty_conv.guard_op),
+              ("backend-nn", "conv_transpose", empty_conv.guard_op),
+              ("backend-trainer", "make_predict_function",
                empty_conv.guard_predict_function),
-              (_TRAINER, "make_test_function", "TensorFlowTrainer",
+              ("backend-trainer", "make_test_function",
                empty_conv.guard_test_function))),
     # Not a multi-worker bug: any strategy with 2+ replicas.
     *(Fix(f"{kind}-on-batch", f"{kind}_on_batch {symptom}",
-          (_TRAINER, f"{kind}_on_batch", "TensorFlowTrainer"), make)
+          ("backend-trainer", f"{kind}_on_batch"), make)
       for kind, symptom, make in _ON_BATCH),
     Fix("step-variables", "You must feed a value for placeholder tensor",
-        (_CORE, "_initialize_with_initializer", "Variable"), step_variables.make),
+        ("backend-variable", "_initialize_with_initializer"), step_variables.make),
     Fix("no-call-build", "does not have a `call()` method implemented",
-        ("keras.src.trainers.trainer", "_symbolic_build", "Trainer"), no_call_build.make),
+        ("base-trainer", "_symbolic_build"), no_call_build.make),
     # Below cross-replica-step's and no-gradient-losses' wrappers of the same
     # two functions: it weighs a share only where they let Keras scale it.
     Fix("uneven-batch-losses", "an uneven batch weighs each replica's mean 1/N",
-        (_LOSS, "scale_loss_for_distribution", None), uneven_batches.make_scale,
-        also=((_LOSS, "unscale_loss_for_distribution", None, uneven_batches.make_unscale),
-              ("tensorflow.python.distribute.distribute_lib", "run", "StrategyBase",
+        ("loss-module", "scale_loss_for_distribution"), uneven_batches.make_scale,
+        also=(("loss-module", "unscale_loss_for_distribution", uneven_batches.make_unscale),
+              ("strategy-base", "run",
                uneven_batches.make_run))),
     Fix("cross-replica-step",
         "DistributedVariable.handle is not available outside the replica context",
-        (_CORE, "handle", "Variable"), cross_replica_step.make_handle,
-        also=((_LOSS, "scale_loss_for_distribution", None,
+        ("backend-variable", "handle"), cross_replica_step.make_handle,
+        also=(("loss-module", "scale_loss_for_distribution",
                cross_replica_step.make_loss_scale),
-              (_LOSS, "unscale_loss_for_distribution", None,
+              ("loss-module", "unscale_loss_for_distribution",
                cross_replica_step.make_loss_scale),
-              ("tensorflow._api.v2.__internal__.distribute.interim", "maybe_merge_call", None,
+              ("tf-interim", "maybe_merge_call",
                cross_replica_step.make_maybe_merge_call),
-              ("keras.src.optimizers.loss_scale_optimizer", "_tf_apply", "LossScaleOptimizer",
+              ("loss-scale-optimizer", "_tf_apply",
                cross_replica_step.make_lso_apply))),
     Fix("generator-copies", "shares memory with the generator's array",
-        ("tensorflow.python.ops.script_ops", "__call__", "FuncRegistry"),
+        ("tensorflow.python.ops.script_ops.FuncRegistry", "__call__"),
         generator_copies.make),
     Fix("gradient-accumulation", "`merge_call` called while defining a new graph",
-        ("keras.src.backend.tensorflow.optimizer", "_backend_apply_gradients", "TFOptimizer"),
+        ("backend-optimizer", "_backend_apply_gradients"),
         accumulation.make),
     Fix("layer-losses", "add_loss of a layer's Loss trains at 1/N",
-        (_LOSS, "reduce_values", None), layer_losses.make),
+        ("loss-module", "reduce_values"), layer_losses.make),
     Fix("scalar-losses", "a loss returning a scalar trains at N times",
-        (_LOSS, "reduce_weighted_values", None), scalar_losses.make),
+        ("loss-module", "reduce_weighted_values"), scalar_losses.make),
     # Stacks on scalar-losses' wrapper of the same function.
     Fix("masked-loss-means", "a masked loss averages per replica, not over the batch",
-        (_LOSS, "reduce_weighted_values", None), masked_means.make),
+        ("loss-module", "reduce_weighted_values"), masked_means.make),
     Fix("overridden-loss-call", "a Loss overriding __call__ trains at N times",
-        ("keras.src.trainers.compile_utils", "build", "CompileLoss"),
+        ("keras.src.trainers.compile_utils.CompileLoss", "build"),
         overridden_losses.make_build,
-        also=((_LOSS, "scale_loss_for_distribution", None, overridden_losses.make_scale),)),
+        also=(("loss-module", "scale_loss_for_distribution", overridden_losses.make_scale),)),
     Fix("batch-wide-metrics", "a metric the script wrote counts 1/N of its batch's pairs",
-        ("keras.src.trainers.compile_utils", "build", "CompileMetrics"),
+        ("keras.src.trainers.compile_utils.CompileMetrics", "build"),
         batch_metrics.make_build),
     Fix("batch-sum-losses", "an add_loss summing over the batch trains at 1/N",
-        ("keras.src.layers.layer", "add_loss", "Layer"), batch_sums.make,
+        ("layer", "add_loss"), batch_sums.make,
         # Stacks on layer-losses' wrapper of the same function.
-        also=((_LOSS, "reduce_values", None, batch_sums.make_reduce_values),
-              ("keras.src.backend.tensorflow.nn", "ctc_loss", None, batch_sums.make_ctc_loss))),
+        also=(("loss-module", "reduce_values", batch_sums.make_reduce_values),
+              ("backend-nn", "ctc_loss", batch_sums.make_ctc_loss))),
     Fix("paired-step-losses", "a step loss pairing its batch's examples differs silently",
-        ("tensorflow.python.eager.backprop", "gradient", "GradientTape"), paired_losses.make),
+        ("gradient-tape", "gradient"), paired_losses.make),
     # Stacks on no-call-build's wrapper of the same function.
     Fix("symbolic-build-names", "Invalid Input name (keras_tensor_",
-        ("keras.src.trainers.trainer", "_symbolic_build", "Trainer"), symbolic_names.make),
+        ("base-trainer", "_symbolic_build"), symbolic_names.make),
     # Both stack on cross-replica-step's wrappers of the same two functions.
     Fix("no-gradient-losses", "a loss in a custom test_step reports 1/N",
-        (_LOSS, "scale_loss_for_distribution", None), no_gradient_losses.make,
-        also=((_LOSS, "unscale_loss_for_distribution", None, no_gradient_losses.make),)),
+        ("loss-module", "scale_loss_for_distribution"), no_gradient_losses.make,
+        also=(("loss-module", "unscale_loss_for_distribution", no_gradient_losses.make),)),
     Fix("logged-step-losses", "a custom train_step logs 1/N of its loss",
-        ("keras.src.metrics.reduction_metrics", "update_state", "Mean"),
+        ("mean-metric", "update_state"),
         logged_losses.make_update_state,
-        also=((_LOSS, "__call__", "Loss", logged_losses.make_loss_call),
-              ("keras.src.trainers.trainer", "compute_loss", "Trainer",
+        also=(("loss", "__call__", logged_losses.make_loss_call),
+              ("base-trainer", "compute_loss",
                logged_losses.make_compute_loss),
               # Stacks on multi-step's wrapper of the same method.
-              (_TRAINER, "_make_function", "TensorFlowTrainer",
+              ("backend-trainer", "_make_function",
                logged_losses.make_make_function),
-              (_LOSS, "unscale_loss_for_distribution", None, logged_losses.make_unscale),
-              ("keras.src.trainers.trainer", "_compute_loss", "Trainer",
+              ("loss-module", "unscale_loss_for_distribution", logged_losses.make_unscale),
+              ("base-trainer", "_compute_loss",
                logged_losses.make_step_loss),
-              *(("tensorflow._api.v2.nn", name, None, logged_losses.make_share)
+              *(("tf-nn", name, logged_losses.make_share)
                 for name in ("compute_average_loss", "scale_regularization_loss")))),
     # Stacks on paired-step-losses' wrapper; needs logged-step-losses' shares and step mark.
     Fix("hand-mean-gradients", "a loss averaged by hand in a custom step trains at N times",
-        ("tensorflow.python.eager.backprop", "gradient", "GradientTape"),
+        ("gradient-tape", "gradient"),
         mean_gradients.make_gradient),
     # Stacks on symbolic-build's wrapper of the same method.
     Fix("symbolic-build-order", "fit trains in another data order under a strategy",
-        (_TRAINER, "_maybe_symbolic_build", "TensorFlowTrainer"), symbolic_order.make),
+        ("backend-trainer", "_maybe_symbolic_build"), symbolic_order.make),
     Fix("step-metrics", "batch-end logs average the replicas' metric results",
-        ("keras.src.trainers.trainer", "get_metrics_result", "Trainer"), step_metrics.make),
+        ("base-trainer", "get_metrics_result"), step_metrics.make),
     Fix("replica-random", "every replica draws the same Dropout masks",
-        ("keras.src.backend.tensorflow.random", "dropout", None), replica_random.make_dropout,
-        also=(*(("keras.src.backend.tensorflow.random", name, None, replica_random.make_draw)
+        ("backend-random", "dropout"), replica_random.make_dropout,
+        also=(*(("backend-random", name, replica_random.make_draw)
                 for name in ("uniform", "normal", "truncated_normal", "randint")),
-              ("keras.src.backend.tensorflow.random", "categorical", None,
+              ("backend-random", "categorical",
                replica_random.make_categorical),
-              ("tensorflow.python.distribute.distribute_lib", "run", "StrategyBase",
+              ("strategy-base", "run",
                replica_random.make_run),
-              *(("tensorflow.python.ops.gen_random_ops", name, None, replica_op_draws.make)
+              *(("tensorflow.python.ops.gen_random_ops", name, replica_op_draws.make)
                 for name in ("random_standard_normal", "random_uniform", "truncated_normal")),
-              ("tensorflow.python.framework.random_seed", "get_seed", None,
+              ("tf-random-seed", "get_seed",
                replica_op_draws.make_get_seed))),
     Fix("replica-global-seed", "tf.function only supports singleton tf.Variables created on "
-        "the first call", ("keras.src.random.seed_generator", "global_seed_generator", None),
+        "the first call", ("seed-generator-module", "global_seed_generator"),
         replica_seeds.make_generator,
-        also=(("tensorflow.python.distribute.mirrored_run", "__init__", "_MirroredReplicaThread",
+        also=(("tensorflow.python.distribute.mirrored_run._MirroredReplicaThread", "__init__",
                replica_seeds.make_thread_init),)),
     Fix("replica-variable-copies", "a variable the replicas assign from their rows drifts apart",
-        ("tensorflow.python.distribute.values", "_on_write_update_replica", None),
+        ("tensorflow.python.distribute.values", "_on_write_update_replica"),
         replica_copies.make),
     Fix("static-batch-shapes", "Cannot take the length of shape with unknown rank",
-        ("tensorflow.python.distribute.input_lib", "build", "DistributedDataset"),
+        ("tensorflow.python.distribute.input_lib.DistributedDataset", "build"),
         static_batches.make_build),
     Fix("sparse-gradient-sums", "an embedding's Adam update differs under replicas",
-        ("keras.src.backend.tensorflow.optimizer", "_all_reduce_sum_gradients", "TFOptimizer"),
+        ("backend-optimizer", "_all_reduce_sum_gradients"),
         sparse_sums.make),
     Fix("xla-cpu-replicas", "Collectives are not yet implemented for CPU devices",
-        ("keras.src.trainers.trainer", "model_supports_jit", None), xla_cpu.make),
+        ("base-trainer-module", "model_supports_jit"), xla_cpu.make),
 )}
 
 # Per process: each fix's decision (probes run once) and the fixes whose
@@ -224,14 +224,21 @@ def _versions() -> str:
     return ", ".join(f"{p} {known_issues.installed_version(p)}" for p in ("tensorflow", "keras"))
 
 
-def _unavailable(fix: Fix, err: FixUnavailable) -> str:
-    if fix.name not in _UNAVAILABLE:
-        _UNAVAILABLE[fix.name] = err.why
-        logger.warning(
-            "mirrorkit: compat fix %r (%s) cannot apply with %s: %s. What depends on it is "
-            "turned off; please report this with `mirrorkit info --json`.",
-            fix.name, fix.ref, _versions(), err.why)
-    return UNAVAILABLE
+def _unavailable(fix: Fix, err: FixUnavailable, strategy: Any) -> str:
+    """A fix whose target is gone: not needed (its probe says so), or mirrorkit stops."""
+    _UNAVAILABLE[fix.name] = err.why
+    decision = _decision(fix, strategy)
+    if not decision.needed:
+        return NOT_NEEDED
+    raise FixMissing(fix.name, fix.ref, err.why, _versions()) from err
+
+
+def _missing_target(fix: Fix) -> str:
+    try:
+        fix.find_targets()
+    except FixUnavailable as err:
+        return err.why
+    return "its target is not in this Keras"
 
 
 def _decision(fix: Fix, strategy: Any) -> Decision:
@@ -243,18 +250,19 @@ def _decision(fix: Fix, strategy: Any) -> Decision:
 
 
 def _apply_one(fix: Fix, strategy: Any) -> str:
-    try:
-        if fix.is_applied():
-            return APPLIED
-        fix._original()  # the target must exist before anything else is decided
-        if not _decision(fix, strategy).needed:
-            return NOT_NEEDED
-        fix.apply()
+    if fix.is_applied():
         return APPLIED
+    try:
+        fix.find_targets()  # every target must exist before anything else is decided
     except FixUnavailable as err:
-        return _unavailable(fix, err)
-    except Exception as err:  # noqa: BLE001 -- a fix must never break the caller
-        return _unavailable(fix, FixUnavailable(fix.name, f"{type(err).__name__}: {err}"))
+        return _unavailable(fix, err, strategy)
+    if not _decision(fix, strategy).needed:
+        return NOT_NEEDED
+    try:
+        fix.apply()
+    except FixUnavailable as err:
+        return _unavailable(fix, err, strategy)
+    return APPLIED
 
 
 def apply(*, disable: Iterable[str] | None = None, strategy: Any = None) -> dict[str, str]:
@@ -264,8 +272,7 @@ def apply(*, disable: Iterable[str] | None = None, strategy: Any = None) -> dict
     behaves exactly like the original unless batches are split across
     replicas (``symbolic-build``: 2+ replicas or multi-worker mode;
     ``scalar-logs``: a ``MultiWorkerMirroredStrategy`` in multi-worker mode;
-    ``multi-step``: ``steps_per_execution > 1`` with 2+ replicas). Never
-    raises because a fix cannot apply: that fix is ``unavailable``.
+    ``multi-step``: ``steps_per_execution > 1`` with 2+ replicas).
 
     Args:
         disable: fix names to leave out (``"all"`` for every fix). Defaults to
@@ -281,6 +288,8 @@ def apply(*, disable: Iterable[str] | None = None, strategy: Any = None) -> dict
 
     Raises:
         ValueError: for an unknown fix name.
+        FixMissing: a fix is needed (by the version table, its probe, or in
+            doubt) but its target is not in this Keras/TensorFlow.
 
     Example:
         >>> from mirrorkit import compat
@@ -321,7 +330,7 @@ def status() -> dict[str, str]:
     out = {}
     for name, fix in FIXES.items():
         try:
-            fix._original()
+            fix.find_targets()
         except FixUnavailable:
             out[name] = UNAVAILABLE
             continue
@@ -369,11 +378,14 @@ def decisions() -> dict[str, dict[str, str]]:
             out[name] = {"status": DISABLED, "ref": fix.ref, "how": "environment",
                          "detail": f"{_env.COMPAT} / {_env.COMPAT_DISABLE}"}
             continue
-        if current[name] == UNAVAILABLE:
-            out[name] = {"status": UNAVAILABLE, "ref": fix.ref, "how": "target missing",
-                         "detail": _UNAVAILABLE.get(name, "its target is not in this Keras")}
-            continue
         decision = _decision(fix, None)
+        if current[name] == UNAVAILABLE:
+            why = _UNAVAILABLE.get(name) or _missing_target(fix)
+            consequence = ("a strategy with 2+ replicas stops with an error naming it"
+                           if decision.needed else "not needed here")
+            out[name] = {"status": UNAVAILABLE, "ref": fix.ref, "how": "target missing",
+                         "detail": f"{why}; {decision.detail}: {consequence}"}
+            continue
         out[name] = {"status": current[name], "ref": fix.ref, "how": decision.how,
                      "detail": decision.detail}
     return out

@@ -30,6 +30,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
+from mirrorkit.compat.failures import failing_loudly
+
 logger = logging.getLogger(__name__)
 
 # The places already named (where the script assigns), once per process.
@@ -94,10 +96,8 @@ def make(original: Callable[..., Any]) -> Callable[..., Any]:
         context = tf.distribute.get_replica_context()
         if context is not None and context.num_replicas_in_sync > 1 \
                 and var.aggregation == tf.VariableAggregation.NONE:
-            try:
+            with failing_loudly("replica-variable-copies"):
                 _check(var, value, context.num_replicas_in_sync)
-            except Exception:  # noqa: BLE001 -- a check must never fail the step
-                logger.debug("mirrorkit: could not read a variable's update", exc_info=True)
         return original(var, update_fn, value, **kwargs)
 
     return _on_write_update_replica

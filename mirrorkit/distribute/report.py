@@ -45,7 +45,8 @@ def environment_report(*, strategy: str | None = None,
 
     Returns:
         A JSON-ready dict with the keys ``python``, ``tensorflow``, ``keras``,
-        ``tensorflow-datasets``, ``mirrorkit``, ``strategy``, ``replicas``,
+        ``tensorflow-datasets``, ``mirrorkit``, ``distributions`` (the
+        distribution that installed each module: ``tf-nightly`` ...), ``strategy``, ``replicas``,
         ``workers``, ``task``, ``is_chief``, ``devices``,
         ``physical_devices``, ``reason``, ``cluster_source``,
         ``compat_fixes`` (each upstream fix: status, how its need was decided,
@@ -86,6 +87,9 @@ def environment_report(*, strategy: str | None = None,
         runtime.pop("task_type")
         runtime.pop("task_index")
     data: dict[str, Any] = dict(versions())
+    # Which distribution installed each module (tf-nightly, tensorflow-cpu, keras-nightly ...).
+    data["distributions"] = {name: upstream.provider(name)
+                             for name in ("tensorflow", "keras", "tensorflow-datasets")}
     data.update(runtime)
     if sel.cluster_source == "slurm":
         from mirrorkit.distribute import slurm

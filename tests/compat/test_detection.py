@@ -3,9 +3,9 @@
 Version table inside the tested Keras range, a behavioural probe outside it
 (on 2 real replicas), applied in doubt otherwise; never Keras's source text.
 A harmless upstream refactor (the patched method wrapped by another function)
-keeps every fix working; a target that is gone makes the fix ``unavailable``
-with one warning, and what depends on it turns off -- strategy creation never
-fails.
+keeps every fix working; a needed fix whose target is gone stops the strategy
+with one message naming the fix and ``MIRRORKIT_COMPAT_DISABLE`` (never a fix
+silently off while its bug is there).
 """
 
 from __future__ import annotations
@@ -67,8 +67,9 @@ def test_untested_keras_is_decided_by_a_probe_on_two_replicas(tmp_path):
 
 WRAPPED = """
 import functools, json, numpy as np, keras
-from keras.src.backend.tensorflow import trainer
+from mirrorkit.patching import targets
 
+trainer = targets.owner("backend-trainer")
 # What a harmless upstream refactor looks like: the methods mirrorkit patches
 # are wrapped by other functions with the same behaviour (and other source).
 def same_behaviour(method):
@@ -77,8 +78,7 @@ def same_behaviour(method):
     return wrapper
 
 for name in ("_maybe_symbolic_build", "_make_function"):
-    setattr(trainer.TensorFlowTrainer, name,
-            same_behaviour(getattr(trainer.TensorFlowTrainer, name)))
+    setattr(trainer, name, same_behaviour(getattr(trainer, name)))
 
 import mirrorkit
 from mirrorkit import compat
@@ -107,44 +107,45 @@ def test_a_wrapped_keras_method_keeps_its_fix(tmp_path):
 
 
 MISSING = """
-import dataclasses, json, logging, io
+import dataclasses, json
 import mirrorkit
 from mirrorkit import compat
 from mirrorkit.compat import registry
+from mirrorkit.compat.failures import FixMissing
 from mirrorkit.training import TrainConfig, make_plan
 
-log = io.StringIO()
-logging.getLogger("mirrorkit").addHandler(logging.StreamHandler(log))
-# Upstream renamed the method the multi-step fix patches.
+# Upstream renamed the method the multi-step fix patches, and the bug is still there.
 gone = registry.FIXES["multi-step"]
 registry.FIXES["multi-step"] = dataclasses.replace(
-    gone, target=(gone.target[0], "_make_function_renamed", gone.target[2]))
-strategy = mirrorkit.get_strategy(simulate_cpus=2)     # must not fail
-again = compat.apply()
+    gone, target=(gone.target[0], "_make_function_renamed"))
+out = {}
+try:
+    mirrorkit.get_strategy(simulate_cpus=2)
+    out["error"] = None
+except FixMissing as err:
+    out["error"] = str(err)
+out["info"] = compat.decisions()["multi-step"]
+# The way out the message names: run on without it, knowingly.
+again = compat.apply(disable=["multi-step"])
 sizes = dict(train_examples=640, val_examples=64, replicas=2)
-out = {"replicas": strategy.num_replicas_in_sync, "status": again,
-       "works": compat.works("multi-step", 2),
-       "auto_spe": make_plan(TrainConfig(), **sizes).steps_per_execution,
-       "asked_spe": make_plan(TrainConfig(steps_per_execution=4), **sizes).steps_per_execution,
-       "warnings": [line for line in log.getvalue().splitlines()
-                    if line.startswith("mirrorkit: compat fix")],
-       "fallback": [line for line in log.getvalue().splitlines() if "using 1 step" in line],
-       "info": compat.decisions()["multi-step"]}
+out.update({"status": again, "works": compat.works("multi-step", 2),
+            "auto_spe": make_plan(TrainConfig(), **sizes).steps_per_execution,
+            "asked_spe": make_plan(TrainConfig(steps_per_execution=4), **sizes)
+            .steps_per_execution})
 print("RESULT " + json.dumps(out))
 """
 
 
-def test_a_missing_target_warns_once_turns_its_feature_off_and_never_breaks_the_strategy(
-        tmp_path):
+def test_a_needed_fix_whose_target_is_gone_stops_the_strategy_naming_the_way_out(tmp_path):
     result, _ = run_snippet(MISSING, tmp_path)
-    assert result["replicas"] == 2
-    assert result["status"]["multi-step"] == "unavailable"
+    error = result["error"]
+    assert error is not None, "a needed fix that cannot apply must not be silently off"
+    assert "'multi-step'" in error and "keras#19246" in error and "keras 3." in error
+    assert "_make_function_renamed" in error and "MIRRORKIT_COMPAT_DISABLE=multi-step" in error
+    assert result["info"]["status"] == "unavailable"
+    assert "stops with an error" in result["info"]["detail"], result["info"]
+    # Turned off by name, what depends on it turns off too, saying so.
+    assert result["status"]["multi-step"] == "disabled"
     assert result["status"]["symbolic-build"] == "applied"
     assert result["works"] is False
     assert result["auto_spe"] == 1 and result["asked_spe"] == 1
-    assert len(result["warnings"]) == 1, result["warnings"]
-    warning = result["warnings"][0]
-    assert "'multi-step'" in warning and "keras#19246" in warning and "keras 3." in warning
-    assert "_make_function_renamed" in warning
-    assert len(result["fallback"]) == 1, "an explicit steps_per_execution falls back, saying so"
-    assert result["info"]["status"] == "unavailable"
