@@ -18,6 +18,8 @@ import contextlib
 import os
 from typing import Any, Callable, Iterator, Mapping
 
+from mirrorkit.errors import UserInputError
+
 # The names `mirrorkit launch` sets for its workers are the launcher-to-worker
 # protocol's (mirrorkit.protocol), so the launcher and this reader cannot drift.
 from mirrorkit.protocol import (  # noqa: F401 (re-exported: _env.RESTART_COUNT, ...)
@@ -95,7 +97,7 @@ def _positive(name: str, cast: type, what: str) -> Any:
     except ValueError:
         value = 0
     if not value > 0:
-        raise ValueError(f"{name} must be {what}. Received: {name}={raw!r}")
+        raise UserInputError(f"{name} must be {what}. Received: {name}={raw!r}")
     return value
 
 
@@ -111,7 +113,7 @@ def simulate_cpus() -> int | None:
     """Return ``MIRRORKIT_SIMULATE_CPUS`` as an int, or None when unset.
 
     Raises:
-        ValueError: if it is set to something other than a positive integer.
+        UserInputError: if it is set to something other than a positive integer.
     """
     return _positive_int(SIMULATE_CPUS)
 
@@ -273,7 +275,7 @@ def slurm_port() -> int | None:
     """Return ``MIRRORKIT_SLURM_PORT`` (the first port of each node), or None.
 
     Raises:
-        ValueError: if it is not a port number from 1 to 65535.
+        UserInputError: if it is not a port number from 1 to 65535.
 
     Example:
         >>> with patch({"MIRRORKIT_SLURM_PORT": "8888"}):
@@ -282,7 +284,7 @@ def slurm_port() -> int | None:
     """
     value = _positive_int(SLURM_PORT)
     if value is not None and value > 65535:
-        raise ValueError(
+        raise UserInputError(
             f"{SLURM_PORT} must be a port from 1 to 65535. "
             f"Received: {SLURM_PORT}={value}"
         )
@@ -293,7 +295,7 @@ def slurm_gpus_per_task() -> int | None:
     """Return ``MIRRORKIT_SLURM_GPUS_PER_TASK`` (GPUs to give each local task), or None.
 
     Raises:
-        ValueError: if it is set to something other than a positive integer.
+        UserInputError: if it is set to something other than a positive integer.
     """
     return _positive_int(SLURM_GPUS_PER_TASK)
 

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 from mirrorkit import _env
 from mirrorkit.bench.config import RESULT_TAG
+from mirrorkit.errors import UserInputError
 
 
 def step_timer(stop_after: int | None = None, warmup_steps: int = 0) -> Any:
@@ -166,8 +167,8 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         spec["kind"], spec["replicas_in_sync"] = "multi_worker", spec["workers"]
     elif gpus:
         if spec["replicas"] > len(gpus):
-            raise ValueError(f"{spec['replicas']} replicas asked but only {len(gpus)} GPUs "
-                             "are visible")
+            raise UserInputError(f"{spec['replicas']} replicas asked but only {len(gpus)} GPUs "
+                                 "are visible")
         tf.config.set_visible_devices(gpus[:spec["replicas"]], "GPU")
         spec["kind"], spec["replicas_in_sync"] = "mirrored", spec["replicas"]
     else:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable
 
+from mirrorkit.errors import UserInputError
+
 #: Prefix of the one stdout line a configuration's process reports with.
 
 
@@ -35,7 +37,7 @@ def parse_counts(value: str | int | Iterable[int], *, name: str = "replicas") ->
         The counts, ascending, without duplicates.
 
     Raises:
-        ValueError: for an empty list, a non-integer or a count < 1.
+        UserInputError: for an empty list, a non-integer or a count < 1.
 
     Example:
         >>> parse_counts("4,1,2,2")
@@ -57,7 +59,7 @@ def parse_counts(value: str | int | Iterable[int], *, name: str = "replicas") ->
         except ValueError:
             count = 0
         if count < 1:
-            raise ValueError(
+            raise UserInputError(
                 f"`{name}` must be a comma-separated list of positive integers, "
                 f"e.g. 1,2,4. Received: {name}={shown!r}"
             )
@@ -67,7 +69,7 @@ def parse_counts(value: str | int | Iterable[int], *, name: str = "replicas") ->
 
 def _positive(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+        raise UserInputError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,9 +141,10 @@ class BenchConfig:
         if self.threads is not None:
             _positive("threads", self.threads)
         if not self.model or not isinstance(self.model, str):
-            raise ValueError(f"`model` must be a model name. Received: model={self.model!r}")
+            raise UserInputError(f"`model` must be a model name. Received: model={self.model!r}")
         if not self.dataset or not isinstance(self.dataset, str):
-            raise ValueError(f"`dataset` must be a dataset name. Received: dataset={self.dataset!r}")
+            raise UserInputError(
+                f"`dataset` must be a dataset name. Received: dataset={self.dataset!r}")
         # Fail here, in one line, rather than once per configuration after a
         # TensorFlow start-up each (both checks are TensorFlow-free).
         from mirrorkit.datasets import parse_spec
@@ -150,8 +153,8 @@ class BenchConfig:
         model_spec(self.model)
         parse_spec(self.dataset)
         if not (isinstance(self.timeout, (int, float)) and self.timeout > 0):
-            raise ValueError(f"`timeout` must be a positive number of seconds. "
-                             f"Received: timeout={self.timeout!r}")
+            raise UserInputError(f"`timeout` must be a positive number of seconds. "
+                                 f"Received: timeout={self.timeout!r}")
 
     def cases(self) -> tuple[Case, ...]:
         """The configurations to run, in order: 1 worker x each replica count, then each worker count > 1."""

@@ -44,6 +44,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from mirrorkit.errors import UserInputError
+
 #: Data augmentations ``--augment`` names (``flip-shift`` runs inside the
 #: model, so its input pipeline is the ``none`` one; so does ``crop``'s flip).
 AUGMENTS = ("none", "flip-shift", "crop")
@@ -71,7 +73,7 @@ class InputBenchConfig:
             only). Defaults to True.
 
     Raises:
-        ValueError: for a dataset that is not encoded images, or a bad number.
+        UserInputError: for a dataset that is not encoded images, or a bad number.
 
     Example:
         >>> InputBenchConfig(dataset="folder:photos").image_size
@@ -79,7 +81,7 @@ class InputBenchConfig:
         >>> InputBenchConfig(dataset="digits")
         Traceback (most recent call last):
         ...
-        ValueError: --input-only times decoding encoded images: the dataset must be folder:PATH or files:GLOB. Received: dataset='digits'
+        mirrorkit.errors.UserInputError: --input-only times decoding encoded images: the dataset must be folder:PATH or files:GLOB. Received: dataset='digits'
     """
 
     dataset: str
@@ -98,12 +100,12 @@ class InputBenchConfig:
         from mirrorkit.datasets import normalize_image_size, parse_spec
 
         if parse_spec(self.dataset)[0] not in ("folder", "files"):
-            raise ValueError("--input-only times decoding encoded images: the dataset must be "
-                             f"folder:PATH or files:GLOB. Received: dataset={self.dataset!r}")
+            raise UserInputError("--input-only times decoding encoded images: the dataset must be "
+                                 f"folder:PATH or files:GLOB. Received: dataset={self.dataset!r}")
         object.__setattr__(self, "image_size", normalize_image_size(self.image_size))
         if self.augment not in AUGMENTS:
-            raise ValueError(f"Unknown augment. Valid: {', '.join(AUGMENTS)}. "
-                             f"Received: augment={self.augment!r}")
+            raise UserInputError(f"Unknown augment. Valid: {', '.join(AUGMENTS)}. "
+                                 f"Received: augment={self.augment!r}")
         for name in ("batch", "batches", "rounds"):
             check_positive_int(name, getattr(self, name))
         if self.warmup_batches:

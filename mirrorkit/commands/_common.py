@@ -10,13 +10,14 @@ from typing import IO, Any, Callable, Iterator
 import click
 
 from mirrorkit._version import __version__
-from mirrorkit.errors import MissingDependency, RunError
+from mirrorkit.errors import MissingDependency, RunError, UserInputError
 
 # Library errors a user can cause with bad input or environment: one line,
-# no traceback. A bare RuntimeError or ImportError is not one of them: raised
-# inside mirrorkit it is a defect (see mirrorkit.errors), reported by
-# bug_reports() with its traceback.
-USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError,
+# no traceback. A bare ValueError, RuntimeError or ImportError is not one of
+# them: raised inside mirrorkit (an unpacking bug's "too many values to
+# unpack") it is a defect (see mirrorkit.errors), reported by bug_reports()
+# with its traceback.
+USER_ERRORS = (UserInputError, FileNotFoundError, FileExistsError, NotADirectoryError,
                PermissionError, RunError, MissingDependency)
 
 # click's own control flow (Exit and Abort are RuntimeErrors) passes untouched.
@@ -31,13 +32,13 @@ def _one_line(err: BaseException) -> str:
 def user_errors() -> Iterator[None]:
     """Turn the library's user-facing exceptions into one-line click errors.
 
-    Only :data:`USER_ERRORS` are converted; anything else propagates to
-    :func:`bug_reports`.
+    Only :data:`USER_ERRORS` are converted; anything else (a plain
+    ``ValueError`` too) propagates to :func:`bug_reports`.
 
     Example:
         >>> with user_errors():                          # doctest: +SKIP
-        ...     raise ValueError("bad value")
-        Error: bad value
+        ...     raise UserInputError("`epochs` must be a positive integer. Received: epochs=0")
+        Error: `epochs` must be a positive integer. Received: epochs=0
     """
     try:
         yield

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from mirrorkit.commands._common import user_errors
+from mirrorkit.errors import UserInputError
 
 
 @click.command("export-model")
@@ -56,8 +57,8 @@ def export_model(run_dir: Path, fmt: str, output: Path | None) -> None:
             model = keras.models.load_model(source)   # safe mode: no code from the file
         except (ValueError, TypeError, KeyError, OSError) as err:
             # A whole archive whose content Keras cannot rebuild (edited config, other model).
-            raise ValueError(f"{source} is a zip archive Keras cannot load as a model: "
-                             f"{type(err).__name__}: {' '.join(str(err).split())[:300]}") \
+            raise UserInputError(f"{source} is a zip archive Keras cannot load as a model: "
+                                 f"{type(err).__name__}: {' '.join(str(err).split())[:300]}") \
                 from err
         export_saved_model(model, target)
     click.echo(f"wrote {target}/ ({fmt}: serving_default takes uint8 images "

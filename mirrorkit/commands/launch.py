@@ -7,6 +7,7 @@ import logging
 import click
 
 from mirrorkit.commands._common import logging_to, user_errors
+from mirrorkit.errors import UserInputError
 from mirrorkit.protocol import ELASTIC_BATCH_CHOICES
 
 
@@ -120,11 +121,11 @@ def launch(nproc: int | None, max_restarts: int, log_dir: str | None, port: int 
 
     with user_errors():
         if nproc is None:
-            raise ValueError("Missing -n/--nproc: the number of workers to start, "
-                             "e.g. 'mirrorkit launch -n 2 -- python train.py'.")
+            raise UserInputError("Missing -n/--nproc: the number of workers to start, "
+                                 "e.g. 'mirrorkit launch -n 2 -- python train.py'.")
         if not command:
-            raise ValueError("Missing the command to run, e.g. "
-                             "'mirrorkit launch -n 2 -- python train.py'.")
+            raise UserInputError("Missing the command to run, e.g. "
+                                 "'mirrorkit launch -n 2 -- python train.py'.")
         if ray_address is not None:
             _on_ray(ray_address, nproc, command, max_restarts, gpus_per_worker,
                     cpus_per_worker, min_workers, elastic_batch, storage)

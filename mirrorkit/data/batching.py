@@ -19,6 +19,7 @@ import logging
 import numbers
 
 from mirrorkit._checks import check_positive_int
+from mirrorkit.errors import UserInputError
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def resolve_batch(
         A :class:`BatchSize`. The resolved numbers are logged once.
 
     Raises:
-        ValueError: when both or neither batch argument is given, a value is
+        UserInputError: when both or neither batch argument is given, a value is
             not a positive integer, or ``global_batch`` is not divisible by
             ``replicas``.
 
@@ -91,7 +92,7 @@ def resolve_batch(
         BatchSize(per_replica=32, global_batch=256, replicas=8)
     """
     if (per_replica_batch is None) == (global_batch is None):
-        raise ValueError(
+        raise UserInputError(
             "Pass exactly one of `per_replica_batch` and `global_batch`. Received: "
             f"per_replica_batch={per_replica_batch!r}, global_batch={global_batch!r}"
         )
@@ -104,7 +105,7 @@ def resolve_batch(
     else:
         total = check_positive_int("global_batch", global_batch)
         if total % replicas:
-            raise ValueError(
+            raise UserInputError(
                 f"`global_batch` must be divisible by the number of replicas "
                 f"({replicas}). Received: global_batch={global_batch}"
             )
@@ -134,7 +135,7 @@ def shard_policy(*, from_files: bool, num_files: int | None, num_workers: int) -
         ``tf.data.experimental.AutoShardPolicy``).
 
     Raises:
-        ValueError: for ``num_workers`` < 1 or a negative ``num_files``.
+        UserInputError: for ``num_workers`` < 1 or a negative ``num_files``.
 
     Example:
         >>> shard_policy(from_files=True, num_files=1, num_workers=2)
@@ -146,7 +147,7 @@ def shard_policy(*, from_files: bool, num_files: int | None, num_workers: int) -
     if num_files is not None and (isinstance(num_files, bool)
                                   or not isinstance(num_files, numbers.Integral)
                                   or num_files < 0):
-        raise ValueError(
+        raise UserInputError(
             f"`num_files` must be a non-negative integer or None. Received: num_files={num_files!r}"
         )
     if num_workers == 1:

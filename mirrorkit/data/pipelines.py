@@ -26,6 +26,7 @@ from mirrorkit.data.batching import (
     current_workers,
     shard_policy,
 )
+from mirrorkit.errors import UserInputError
 
 logger = logging.getLogger(__name__)
 
@@ -200,7 +201,7 @@ def train_pipeline(
     ds, policy = _prepare(tf, data, cache, num_files, num_workers)
     size = int(ds.cardinality())
     if 0 <= size < batch.global_batch:
-        raise ValueError(
+        raise UserInputError(
             f"The training data has fewer examples than one global batch "
             f"({batch.global_batch}), so drop_remainder would leave no batch. "
             f"Received: {size} examples"
@@ -313,7 +314,7 @@ def distribute_from_function(
         )
     steps = num_examples // batch.global_batch
     if steps < 1:
-        raise ValueError(
+        raise UserInputError(
             f"`num_examples` must be at least one global batch ({batch.global_batch}). "
             f"Received: num_examples={num_examples}"
         )

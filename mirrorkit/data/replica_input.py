@@ -38,6 +38,7 @@ from typing import Any, Callable
 
 from mirrorkit.data.batching import BatchSize
 from mirrorkit.data.pipelines import _as_dataset, _check_batch, shuffled
+from mirrorkit.errors import UserInputError
 
 
 def applies(strategy: Any) -> bool:
@@ -110,7 +111,7 @@ def per_replica_train_input(
         return None
     epoch_batches = size // batch.global_batch
     if epoch_batches == 0:
-        raise ValueError(
+        raise UserInputError(
             f"The training data has fewer examples than one global batch "
             f"({batch.global_batch}). Received: {size} examples")
 

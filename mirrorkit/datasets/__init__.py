@@ -36,6 +36,7 @@ from pathlib import Path
 from mirrorkit.datasets._base import DataOptions, ImageData, normalize_image_size
 from mirrorkit.datasets.builtin import digits_arrays
 from mirrorkit.datasets.tfrecord import METADATA, export_tfrecords
+from mirrorkit.errors import UserInputError
 
 __all__ = [
     "DataOptions",
@@ -58,7 +59,7 @@ def parse_spec(spec: str) -> tuple[str, str]:
     """Split a dataset spec into ``(kind, argument)``.
 
     Raises:
-        ValueError: for an unknown source or a missing argument, listing the
+        UserInputError: for an unknown source or a missing argument, listing the
             valid sources and close matches.
 
     Example:
@@ -66,7 +67,7 @@ def parse_spec(spec: str) -> tuple[str, str]:
         (('tfds', 'mnist'), ('digits', ''))
     """
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(
+        raise UserInputError(
             f"`dataset` must be one of {', '.join(SOURCES)}. Received: dataset={spec!r}")
     kind, sep, arg = spec.strip().partition(":")
     if not sep and kind in ("digits", "synthetic"):
@@ -74,15 +75,15 @@ def parse_spec(spec: str) -> tuple[str, str]:
     if sep and kind in _PREFIXED:
         if not arg:
             example = dict(zip(_PREFIXED, SOURCES[2:]))[kind]
-            raise ValueError(f"`dataset` {kind}: needs a value, e.g. {example}. "
-                             f"Received: dataset={spec!r}")
+            raise UserInputError(f"`dataset` {kind}: needs a value, e.g. {example}. "
+                                 f"Received: dataset={spec!r}")
         return kind, arg
     names = ["digits", "synthetic", "tfds:", "folder:", "files:"]
     close = difflib.get_close_matches(kind + sep, names, n=2, cutoff=0.6)
     if not sep and Path(kind).expanduser().is_dir():
         close = [f"folder:{kind}"]
     hint = f" Did you mean {' or '.join(close)}?" if close else ""
-    raise ValueError(
+    raise UserInputError(
         f"Unknown dataset.{hint} Valid: {', '.join(SOURCES)}. Received: dataset={spec!r}")
 
 
@@ -98,7 +99,7 @@ def load(spec: str = "digits", options: DataOptions | None = None) -> ImageData:
         An :class:`ImageData`.
 
     Raises:
-        ValueError: unknown source or a problem with the data (one clear
+        UserInputError: unknown source or a problem with the data (one clear
             sentence naming the file, folder or dataset).
         FileNotFoundError: a path that does not exist or matches nothing.
         NotADirectoryError: ``folder:`` on a file.

@@ -11,6 +11,7 @@ import re
 from typing import Any, Callable
 
 from mirrorkit._checks import check_positive_int  # noqa: F401 -- the sources import it from here
+from mirrorkit.errors import UserInputError
 
 # Validation is held out with this seed, never with the training seed, so the
 # validation set (and so every reported accuracy) is the same from run to run.
@@ -50,7 +51,7 @@ def normalize_image_size(value: Any) -> tuple[int, int] | None:
     if (not isinstance(value, (tuple, list)) or len(value) not in (1, 2)
             or any(isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1
                    for v in value)):
-        raise ValueError(
+        raise UserInputError(
             "`image_size` must be a positive integer N (N x N) or HEIGHTxWIDTH. "
             f"Received: image_size={raw!r}"
         )
@@ -119,14 +120,14 @@ class DataOptions:
         object.__setattr__(self, "image_size", normalize_image_size(self.image_size))
         check_augment(self.augment)
         if self.channels is not None and self.channels not in (1, 3):
-            raise ValueError(
+            raise UserInputError(
                 "`channels` must be 1 (grayscale) or 3 (RGB). "
                 f"Received: channels={self.channels!r}")
         check_positive_int("classes", self.classes)
         check_positive_int("examples", self.examples)
         frac = self.val_fraction
         if isinstance(frac, bool) or not isinstance(frac, numbers.Real) or not 0 < frac < 1:
-            raise ValueError(
+            raise UserInputError(
                 f"`val_fraction` must be a number between 0 and 1 (exclusive). "
                 f"Received: val_fraction={frac!r}")
 

@@ -35,6 +35,7 @@ from mirrorkit.datasets._base import (
     tf_error_text,
 )
 from mirrorkit.datasets.jpeg_crops import ImageDecoder
+from mirrorkit.errors import UserInputError
 
 EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
 
@@ -57,7 +58,7 @@ def _scan(root: Path, spec: str,
     if classes is not None:
         unknown = sorted(set(names) - set(classes))
         if unknown:
-            raise ValueError(
+            raise UserInputError(
                 f"{root} has class folders that the training folder lacks: "
                 f"{', '.join(unknown)}. Received: dataset={spec!r}")
         names = classes
@@ -73,18 +74,18 @@ def _scan(root: Path, spec: str,
 def _check_classes(names: list[str], files: list[str], labels: list[int], root: Path,
                    spec: str) -> None:
     if not files:
-        raise ValueError(
+        raise UserInputError(
             f"No images found in {root}: expected one subfolder per class holding "
             f"{'/'.join(e.lstrip('.') for e in EXTENSIONS)} files. Received: dataset={spec!r}")
     used = sorted(set(labels))
     if len(used) < 2:
         only = names[used[0]] if used else "none"
-        raise ValueError(
+        raise UserInputError(
             f"{root} has images of a single class ({only!r}); a classifier needs "
             f"at least 2 class subfolders. Received: dataset={spec!r}")
     empty = [names[i] for i in range(len(names)) if i not in set(used)]
     if empty:
-        raise ValueError(
+        raise UserInputError(
             f"Class folder(s) without images in {root}: {', '.join(empty)}. Remove them "
             f"or add images. Received: dataset={spec!r}")
 
@@ -99,8 +100,8 @@ def _verify(files: list[str]) -> tuple[int, int, int]:
             image = tf.io.decode_image(tf.io.read_file(path), expand_animations=False)
         except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError,
                 tf.errors.DataLossError) as err:
-            raise ValueError(f"Cannot decode image file {path}: {tf_error_text(err)} "
-                             "Remove or replace it.") from err
+            raise UserInputError(f"Cannot decode image file {path}: {tf_error_text(err)} "
+                                 "Remove or replace it.") from err
         if first is None:
             first = tuple(int(d) for d in image.shape)
     return first
@@ -123,7 +124,7 @@ def load_folder(path: str, options: DataOptions | None = None) -> ImageData:
     Raises:
         FileNotFoundError: when ``path`` does not exist.
         NotADirectoryError: when it is not a folder.
-        ValueError: no images, a single class, an empty class folder, or a
+        UserInputError: no images, a single class, an empty class folder, or a
             file that does not decode (named).
 
     Example:
@@ -146,14 +147,14 @@ def load_folder(path: str, options: DataOptions | None = None) -> ImageData:
         _check_classes(names, train_files, train_labels, root / "train", spec)
         _, val_files, val_labels = _scan(root / "val", spec, classes=names)
         if not val_files:
-            raise ValueError(f"No images found in {root / 'val'}. Received: dataset={spec!r}")
+            raise UserInputError(f"No images found in {root / 'val'}. Received: dataset={spec!r}")
         split_note = "train/ and val/ subfolders"
     else:
         names, files, labels = _scan(root, spec)
         _check_classes(names, files, labels, root, spec)
         train_idx, val_idx = stratified_split(np.array(labels), options.val_fraction)
         if len(val_idx) == 0:
-            raise ValueError(
+            raise UserInputError(
                 f"val_fraction={options.val_fraction} holds out no image of {root}; "
                 f"raise it or add images. Received: dataset={spec!r}")
         train_files = [files[i] for i in train_idx]

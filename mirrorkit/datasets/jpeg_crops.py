@@ -39,6 +39,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from mirrorkit.errors import UserInputError
+
 #: Augmentations a source of encoded images applies in its input pipeline.
 AUGMENTS = ("none", "crop")
 #: Random-resized-crop: fraction of the image's area, and width/height ratio.
@@ -59,10 +61,11 @@ def check_augment(value: Any) -> str:
         >>> check_augment("zoom")
         Traceback (most recent call last):
         ...
-        ValueError: Unknown augment. Valid: none, crop. Received: augment='zoom'
+        mirrorkit.errors.UserInputError: Unknown augment. Valid: none, crop. Received: augment='zoom'
     """
     if value not in AUGMENTS:
-        raise ValueError(f"Unknown augment. Valid: {', '.join(AUGMENTS)}. Received: augment={value!r}")
+        raise UserInputError(
+            f"Unknown augment. Valid: {', '.join(AUGMENTS)}. Received: augment={value!r}")
     return value
 
 

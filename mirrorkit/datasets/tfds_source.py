@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mirrorkit.datasets._base import DataOptions, ImageData, decode_fn
-from mirrorkit.errors import MissingDependency
+from mirrorkit.errors import MissingDependency, UserInputError
 
 # Used when the dataset has neither a "validation" nor a "test" split.
 _HOLDOUT = "[90%:]"
@@ -51,7 +51,7 @@ def _builder(tfds: Any, name: str, options: DataOptions) -> Any:
         hint = f" Did you mean: {', '.join('tfds:' + m for m in matches)}?" if matches else (
             " See https://www.tensorflow.org/datasets/catalog for names.")
         where = f" in {options.data_dir}" if options.data_dir else ""
-        raise ValueError(
+        raise UserInputError(
             f"Unknown TFDS dataset {name!r} (not registered and not found{where})."
             f"{hint} Received: dataset={spec!r}") from err
 
@@ -61,7 +61,7 @@ def _prepare(tfds: Any, builder: Any, name: str, options: DataOptions) -> None:
         return
     root = options.data_dir or str(builder.data_dir_root)
     if not options.download:
-        raise ValueError(
+        raise UserInputError(
             f"TFDS dataset {name!r} is not prepared in {root}. Prepare it with "
             f"`tfds build {name} --data_dir {root}`, or pass --download "
             f"(download=True) to download it now. Received: dataset='tfds:{name}'")
@@ -78,7 +78,7 @@ def _keys(builder: Any, spec: str) -> tuple[str, str]:
     images = [k for k, f in features.items() if type(f).__name__ == "Image"]
     labels = [k for k, f in features.items() if type(f).__name__ == "ClassLabel"]
     if len(images) != 1 or len(labels) != 1:
-        raise ValueError(
+        raise UserInputError(
             f"{spec} is not an image-classification dataset mirrorkit can read: it needs "
             f"one Image and one ClassLabel feature (or supervised keys). Received: "
             f"features={list(features)}")
@@ -95,7 +95,7 @@ def _splits(builder: Any, options: DataOptions, spec: str) -> tuple[str, str]:
         # Hold out the end of the training split, and train on the rest.
         base = train.split("[")[0]
         if train != base:
-            raise ValueError(
+            raise UserInputError(
                 f"{spec} has no validation or test split; with a sliced train split "
                 f"pass --val-split too. Received: train_split={train!r}")
         train, val = f"{base}[:90%]", f"{base}{_HOLDOUT}"
@@ -103,7 +103,7 @@ def _splits(builder: Any, options: DataOptions, spec: str) -> tuple[str, str]:
         try:
             splits[name].num_examples
         except (KeyError, ValueError, AssertionError) as err:
-            raise ValueError(
+            raise UserInputError(
                 f"{spec} has no split {name!r}; it has {', '.join(sorted(splits))} "
                 f"(slices like 'train[:80%]' work too). Received: split={name!r}") from err
     return train, val
@@ -126,7 +126,7 @@ def load_tfds(name: str, options: DataOptions | None = None) -> ImageData:
         An :class:`ImageData` over ``tf.data`` datasets of encoded images.
 
     Raises:
-        ValueError: unknown name (close matches listed), not prepared and
+        UserInputError: unknown name (close matches listed), not prepared and
             ``download`` False (says how to prepare), no such split, not an
             image-classification dataset, or varying image sizes without
             ``image_size``.
@@ -138,7 +138,8 @@ def load_tfds(name: str, options: DataOptions | None = None) -> ImageData:
     options = options or DataOptions()
     spec = f"tfds:{name}"
     if not name:
-        raise ValueError("Missing TFDS dataset name, e.g. tfds:mnist. Received: dataset='tfds:'")
+        raise UserInputError(
+            "Missing TFDS dataset name, e.g. tfds:mnist. Received: dataset='tfds:'")
     tfds = _import_tfds()
     builder = _builder(tfds, name, options)
     _prepare(tfds, builder, name, options)
@@ -148,7 +149,7 @@ def load_tfds(name: str, options: DataOptions | None = None) -> ImageData:
     height, width, source_channels = (tuple(feature.shape) + (None,) * 3)[:3]
     size = options.image_size or (height, width)
     if size[0] is None or size[1] is None:
-        raise ValueError(
+        raise UserInputError(
             f"{spec} has images of varying size; pass --image-size (image_size) to "
             f"resize them. Received: image_shape={tuple(feature.shape)}")
     channels = options.channels or (1 if source_channels == 1 else 3)

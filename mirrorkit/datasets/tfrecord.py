@@ -40,6 +40,7 @@ from mirrorkit.datasets._base import (
     tf_error_text,
 )
 from mirrorkit.datasets.jpeg_crops import ImageDecoder
+from mirrorkit.errors import UserInputError
 
 METADATA = "mirrorkit-dataset.json"
 FORMAT = "mirrorkit-tfrecord-v1"
@@ -66,10 +67,10 @@ def _read_metadata(folder: Path) -> dict[str, Any] | None:
     try:
         meta = json.loads(path.read_text())
     except (OSError, ValueError) as err:
-        raise ValueError(f"Cannot read {path}: {err}") from err
+        raise UserInputError(f"Cannot read {path}: {err}") from err
     if meta.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a {FORMAT} metadata file. Received: "
-                         f"format={meta.get('format')!r}")
+        raise UserInputError(f"{path} is not a {FORMAT} metadata file. Received: "
+                             f"format={meta.get('format')!r}")
     return meta
 
 
@@ -88,7 +89,7 @@ def _scan(tf: Any, files: list[str]) -> dict[str, Any]:
                     first = tf.io.decode_image(ex["image"][0], expand_animations=False)
                     shape = [int(d) for d in first.shape]
         except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as err:
-            raise ValueError(
+            raise UserInputError(
                 f"Cannot read TFRecord file {path} as mirrorkit image records "
                 f"(image bytes + label int64): {tf_error_text(err)}") from err
     return {"examples": count, "num_classes": top + 1, "image_shape": shape}
@@ -132,8 +133,8 @@ def _resolve(pattern: str, options: DataOptions,
             f"Received: val_files={options.val_files!r}")
     overlap = sorted(set(train) & set(val))
     if overlap:
-        raise ValueError(f"Files are both training and validation shards: {overlap[0]}. "
-                         f"Received: dataset={spec!r}, val_files={options.val_files!r}")
+        raise UserInputError(f"Files are both training and validation shards: {overlap[0]}. "
+                             f"Received: dataset={spec!r}, val_files={options.val_files!r}")
     return train, val, meta
 
 
@@ -154,7 +155,7 @@ def load_files(pattern: str, options: DataOptions | None = None) -> ImageData:
 
     Raises:
         FileNotFoundError: when nothing matches or no validation shards are found.
-        ValueError: for files that are not mirrorkit image records.
+        UserInputError: for files that are not mirrorkit image records.
 
     Example:
         >>> options = DataOptions(val_files="/data/shards/val-*.tfrecord")
@@ -175,10 +176,10 @@ def load_files(pattern: str, options: DataOptions | None = None) -> ImageData:
         num_classes = max(train_scan["num_classes"], val_scan["num_classes"])
         shape, names = train_scan["image_shape"], ()
     if not counts["train"] or shape is None:
-        raise ValueError(f"The training shards of {spec} hold no examples.")
+        raise UserInputError(f"The training shards of {spec} hold no examples.")
     if num_classes < 2:
-        raise ValueError(f"{spec} has labels of a single class; a classifier needs at "
-                         f"least 2. Received: num_classes={num_classes}")
+        raise UserInputError(f"{spec} has labels of a single class; a classifier needs at "
+                             f"least 2. Received: num_classes={num_classes}")
     size = options.image_size or (shape[0], shape[1])
     channels = options.channels or (1 if shape[2] in (1, 2) else 3)
     parse_spec = _feature_spec(tf)
@@ -238,7 +239,7 @@ def export_tfrecords(data: ImageData, output_dir: str | Path, *, shards: int = 4
         ``files`` and ``examples``.
 
     Raises:
-        ValueError: for ``shards`` < 1, a split with fewer examples than
+        UserInputError: for ``shards`` < 1, a split with fewer examples than
             shards, or an ``output_dir`` that already holds shards or metadata.
 
     Example:
@@ -255,13 +256,13 @@ def export_tfrecords(data: ImageData, output_dir: str | Path, *, shards: int = 4
         raise NotADirectoryError(
             f"Not a directory: {out}. Received: output_dir={str(output_dir)!r}")
     if out.is_dir() and (list(out.glob("*.tfrecord")) or (out / METADATA).exists()):
-        raise ValueError(
+        raise UserInputError(
             f"{out} already holds TFRecord shards; choose a new directory (nothing "
             f"was overwritten). Received: output_dir={str(output_dir)!r}")
     for split, n in (("train", data.train_examples), ("val", data.val_examples)):
         if n < shards:
-            raise ValueError(f"The {split} split has {n} examples, fewer than shards={shards}. "
-                             f"Received: shards={shards}")
+            raise UserInputError(f"The {split} split has {n} examples, fewer than shards={shards}. "
+                                 f"Received: shards={shards}")
     out.mkdir(parents=True, exist_ok=True)
     h, w, c = data.image_shape
     meta: dict[str, Any] = {

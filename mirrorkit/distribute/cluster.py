@@ -21,6 +21,8 @@ import dataclasses
 import json
 from typing import Any, Mapping, Sequence
 
+from mirrorkit.errors import UserInputError
+
 # Task types TensorFlow's cluster resolver knows. "ps" belongs to
 # ParameterServerStrategy, "evaluator" is a side-car that does not train.
 TASK_TYPES = ("chief", "worker", "evaluator", "ps")
@@ -102,21 +104,21 @@ def parse_address(address: Any, *, field: str = "address") -> tuple[str, int]:
         ``(host, port)``.
 
     Raises:
-        ValueError: if it is not ``host:port`` with a port in 1..65535.
+        UserInputError: if it is not ``host:port`` with a port in 1..65535.
 
     Example:
         >>> parse_address("node-1:2222")
         ('node-1', 2222)
     """
     if not isinstance(address, str) or ":" not in address:
-        raise ValueError(
+        raise UserInputError(
             f"{field} must be 'host:port'. Received: {field}={address!r}"
         )
     host, _, port_text = address.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     if not host or any(c.isspace() for c in address):
-        raise ValueError(
+        raise UserInputError(
             f"{field} must be 'host:port' with a non-empty host. "
             f"Received: {field}={address!r}"
         )
@@ -125,7 +127,7 @@ def parse_address(address: Any, *, field: str = "address") -> tuple[str, int]:
     except ValueError:
         port = -1
     if not 1 <= port <= 65535 or not port_text.isdigit():
-        raise ValueError(
+        raise UserInputError(
             f"{field} must end in a port from 1 to 65535. "
             f"Received: {field}={address!r}"
         )
@@ -141,7 +143,7 @@ def parse_hosts(text: str) -> list[str]:
     """
     hosts = [h.strip() for h in str(text).split(",") if h.strip()]
     if not hosts:
-        raise ValueError(
+        raise UserInputError(
             "The worker list must name at least one 'host:port'. "
             f"Received: workers={text!r}"
         )
@@ -150,7 +152,7 @@ def parse_hosts(text: str) -> list[str]:
 
 def _check_cluster(cluster: Any) -> dict[str, tuple[str, ...]]:
     if not isinstance(cluster, dict):
-        raise ValueError(
+        raise UserInputError(
             "TF_CONFIG field 'cluster' must be an object mapping task types to "
             f"address lists. Received: cluster={cluster!r}"
         )
@@ -158,12 +160,12 @@ def _check_cluster(cluster: Any) -> dict[str, tuple[str, ...]]:
     seen: dict[str, str] = {}
     for task_type, addresses in cluster.items():
         if task_type not in TASK_TYPES:
-            raise ValueError(
+            raise UserInputError(
                 f"TF_CONFIG field 'cluster' has an unknown task type. "
                 f"Received: {task_type!r}; accepted: {', '.join(TASK_TYPES)}"
             )
         if not isinstance(addresses, list) or not addresses:
-            raise ValueError(
+            raise UserInputError(
                 f"TF_CONFIG field 'cluster.{task_type}' must be a non-empty list "
                 f"of 'host:port'. Received: cluster.{task_type}={addresses!r}"
             )
@@ -171,19 +173,19 @@ def _check_cluster(cluster: Any) -> dict[str, tuple[str, ...]]:
             parse_address(address, field=f"cluster.{task_type}[{i}]")
             where = f"cluster.{task_type}[{i}]"
             if address in seen:
-                raise ValueError(
+                raise UserInputError(
                     f"TF_CONFIG lists the same address twice: {seen[address]} and "
                     f"{where} are both {address!r}"
                 )
             seen[address] = where
         checked[task_type] = tuple(addresses)
     if "chief" in checked and len(checked["chief"]) != 1:
-        raise ValueError(
+        raise UserInputError(
             "TF_CONFIG field 'cluster.chief' must list exactly one address. "
             f"Received: cluster.chief={list(checked['chief'])!r}"
         )
     if not any(checked.get(t) for t in TRAINING_TASK_TYPES):
-        raise ValueError(
+        raise UserInputError(
             "TF_CONFIG field 'cluster' must name at least one 'worker' or 'chief'. "
             f"Received: cluster={cluster!r}"
         )
@@ -192,18 +194,18 @@ def _check_cluster(cluster: Any) -> dict[str, tuple[str, ...]]:
 
 def _check_task(task: Any, cluster: Mapping[str, tuple[str, ...]]) -> tuple[str, int]:
     if not isinstance(task, dict):
-        raise ValueError(
+        raise UserInputError(
             "TF_CONFIG field 'task' must be an object like "
             f'{{"type": "worker", "index": 0}}. Received: task={task!r}'
         )
     task_type = task.get("type")
     if task_type not in TASK_TYPES:
-        raise ValueError(
+        raise UserInputError(
             f"TF_CONFIG field 'task.type' is not a known task type. "
             f"Received: task.type={task_type!r}; accepted: {', '.join(TASK_TYPES)}"
         )
     if task_type not in cluster:
-        raise ValueError(
+        raise UserInputError(
             f"TF_CONFIG field 'task.type' names a task type the cluster does not "
             f"list. Received: task.type={task_type!r}; cluster has: "
             f"{', '.join(cluster)}"
@@ -212,13 +214,13 @@ def _check_task(task: Any, cluster: Mapping[str, tuple[str, ...]]) -> tuple[str,
     if isinstance(index, str) and index.isdigit():
         index = int(index)
     if isinstance(index, bool) or not isinstance(index, int):
-        raise ValueError(
+        raise UserInputError(
             f"TF_CONFIG field 'task.index' must be an integer. Received: "
             f"task.index={index!r}"
         )
     size = len(cluster[task_type])
     if not 0 <= index < size:
-        raise ValueError(
+        raise UserInputError(
             f"TF_CONFIG field 'task.index' is out of range for {size} "
             f"{task_type} task(s) (accepted 0..{size - 1}). Received: "
             f"task.index={index}"
@@ -236,7 +238,7 @@ def parse_tf_config(text: str | Mapping[str, Any]) -> ClusterSpec:
         A frozen :class:`ClusterSpec`.
 
     Raises:
-        ValueError: naming the field and the value received, for: not JSON,
+        UserInputError: naming the field and the value received, for: not JSON,
             missing ``cluster`` or ``task``, unknown task type, index out of
             range, empty worker list, duplicate addresses, bad ``host:port``.
 
@@ -252,17 +254,17 @@ def parse_tf_config(text: str | Mapping[str, Any]) -> ClusterSpec:
             data = json.loads(text)
         except (TypeError, json.JSONDecodeError) as err:
             shown = text if len(str(text)) <= 80 else str(text)[:77] + "..."
-            raise ValueError(
+            raise UserInputError(
                 f"TF_CONFIG is not valid JSON ({err}). Received: TF_CONFIG={shown!r}"
             ) from err
     if not isinstance(data, dict):
-        raise ValueError(
+        raise UserInputError(
             "TF_CONFIG must be a JSON object with 'cluster' and 'task'. "
             f"Received: TF_CONFIG={text!r}"
         )
     for field in ("cluster", "task"):
         if field not in data:
-            raise ValueError(
+            raise UserInputError(
                 f"TF_CONFIG is missing the field {field!r}. Received keys: "
                 f"{sorted(data)!r}"
             )
@@ -291,14 +293,14 @@ def build_tf_config(
         The JSON text, validated by :func:`parse_tf_config`.
 
     Raises:
-        ValueError: for a bad address, duplicate, or index out of range.
+        UserInputError: for a bad address, duplicate, or index out of range.
 
     Example:
         >>> build_tf_config(["a:1", "b:2"], 0)
         '{"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 0}}'
     """
     if task_type not in TRAINING_TASK_TYPES:
-        raise ValueError(
+        raise UserInputError(
             f"task_type must be one of {', '.join(TRAINING_TASK_TYPES)}. "
             f"Received: task_type={task_type!r}"
         )
@@ -308,7 +310,7 @@ def build_tf_config(
     if workers:
         cluster["worker"] = list(workers)
     if task_type == "chief" and chief is None:
-        raise ValueError(
+        raise UserInputError(
             "task_type='chief' needs the chief's address. Received: chief=None"
         )
     spec = parse_tf_config({"cluster": cluster,

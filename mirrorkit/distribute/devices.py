@@ -19,7 +19,7 @@ import os
 from typing import Any
 
 from mirrorkit import _env
-from mirrorkit.errors import RunError
+from mirrorkit.errors import RunError, UserInputError
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def visible_devices(index: int, per_worker: int, visible: str | None = None) -> 
         A comma-separated device list, disjoint from every other worker's.
 
     Raises:
-        ValueError: when ``visible`` lists too few devices.
+        UserInputError: when ``visible`` lists too few devices.
 
     Example:
         >>> visible_devices(1, 2), visible_devices(1, 1, "3,5")
@@ -134,7 +134,7 @@ def visible_devices(index: int, per_worker: int, visible: str | None = None) -> 
         return ",".join(str(i) for i in range(first, end))
     listed = [d.strip() for d in visible.split(",") if d.strip()]
     if len(listed) < end:
-        raise ValueError(
+        raise UserInputError(
             f"Worker {index} needs GPUs {first}..{end - 1} ({per_worker} per worker) "
             f"but CUDA_VISIBLE_DEVICES lists {len(listed)}. "
             f"Received: CUDA_VISIBLE_DEVICES={visible!r}"

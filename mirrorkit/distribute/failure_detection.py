@@ -18,6 +18,7 @@ from typing import Callable
 
 from mirrorkit import _env
 from mirrorkit.distribute import peer_loss
+from mirrorkit.errors import UserInputError
 
 # The defaults of the bounds (seconds) and the documented exit margin live in
 # the launcher-to-worker protocol: the launcher's rendezvous waits by the same
@@ -137,6 +138,6 @@ def _seconds(value: float | None, name: str, from_env: Callable[[], float | None
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(
+        raise UserInputError(
             f"{name} must be a positive number of seconds. Received: {name}={value!r}")
     return float(value)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+from mirrorkit.errors import UserInputError
+
 _TASKS_RE = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 
 
@@ -28,7 +30,7 @@ def expand_nodelist(text: str) -> list[str]:
         The host names, e.g. ``['node01', 'node02', 'node03', 'node07', 'gpu5']``.
 
     Raises:
-        ValueError: for an empty list, unbalanced brackets or a bad range.
+        UserInputError: for an empty list, unbalanced brackets or a bad range.
 
     Example:
         >>> expand_nodelist("node[01-03,07],gpu5")
@@ -38,7 +40,7 @@ def expand_nodelist(text: str) -> list[str]:
     for entry in _split_outside_brackets(text):
         hosts.extend(_expand_entry(entry, text))
     if not hosts:
-        raise ValueError(
+        raise UserInputError(
             f"The Slurm node list names no node. Received: nodelist={text!r}"
         )
     return hosts
@@ -61,12 +63,12 @@ def _split_outside_brackets(text: str) -> list[str]:
         else:
             current += char
     if depth != 0:
-        raise ValueError(
+        raise UserInputError(
             f"The Slurm node list has unbalanced brackets. Received: nodelist={text!r}"
         )
     entries.append(current)
     if any(not e.strip() for e in entries):
-        raise ValueError(
+        raise UserInputError(
             f"The Slurm node list has an empty entry. Received: nodelist={text!r}"
         )
     return [e.strip() for e in entries]
@@ -91,13 +93,13 @@ def _expand_ranges(body: str, text: str) -> list[str]:
     for item in body.split(","):
         low, sep, high = item.strip().partition("-")
         if not low.isdigit() or (sep and not high.isdigit()):
-            raise ValueError(
+            raise UserInputError(
                 f"The Slurm node list has a bad range {item!r}; expected N or N-M "
                 f"with digits. Received: nodelist={text!r}"
             )
         high = high if sep else low
         if int(high) < int(low):
-            raise ValueError(
+            raise UserInputError(
                 f"The Slurm node list has a decreasing range {item!r}. "
                 f"Received: nodelist={text!r}"
             )
@@ -117,7 +119,7 @@ def expand_tasks_per_node(text: str) -> list[int]:
         The counts in node-list order.
 
     Raises:
-        ValueError: for anything but ``N`` or ``N(xK)`` items with N, K >= 1.
+        UserInputError: for anything but ``N`` or ``N(xK)`` items with N, K >= 1.
 
     Example:
         >>> expand_tasks_per_node("2(x3),1")
@@ -127,7 +129,7 @@ def expand_tasks_per_node(text: str) -> list[int]:
     for item in str(text).split(","):
         match = _TASKS_RE.match(item.strip())
         if match is None or int(match.group(1)) < 1 or int(match.group(2) or 1) < 1:
-            raise ValueError(
+            raise UserInputError(
                 "Slurm tasks-per-node must be a list like '2(x3),1'. "
                 f"Received: tasks_per_node={text!r}"
             )

@@ -27,6 +27,8 @@ import contextlib
 import logging
 from typing import Any, Callable, Iterator, TypeVar
 
+from mirrorkit.errors import UserInputError
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -68,7 +70,7 @@ def scope(strategy: Any | None = None) -> Iterator[Any]:
         The strategy, for ``with mirrorkit.scope() as strategy:``.
 
     Raises:
-        ValueError, RuntimeError: from :func:`mirrorkit.get_strategy` (bad
+        UserInputError, RuntimeError: from :func:`mirrorkit.get_strategy` (bad
             settings, or TensorFlow already initialised with other devices).
 
     Example:
@@ -147,7 +149,7 @@ def sync_batch_norm(model: Any, *, strategy: Any | None = None) -> Any:
         layer, or ``model`` itself when no BatchNormalization layer needs it.
 
     Raises:
-        ValueError: for a subclassed model (its layers cannot be cloned; pass
+        UserInputError: for a subclassed model (its layers cannot be cloned; pass
             ``synchronized=True`` when you construct its BN layers instead).
 
     Example:
@@ -164,7 +166,7 @@ def sync_batch_norm(model: Any, *, strategy: Any | None = None) -> Any:
     if not any(not layer.synchronized for layer in bn_layers):
         return model
     if not _is_graph_model(model):
-        raise ValueError(
+        raise UserInputError(
             "sync_batch_norm can only clone Sequential or Functional models; for a "
             "subclassed model create its layers with "
             "keras.layers.BatchNormalization(synchronized=True). "

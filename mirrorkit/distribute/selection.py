@@ -17,6 +17,7 @@ import dataclasses
 from typing import Any
 
 from mirrorkit.distribute.cluster import ClusterSpec
+from mirrorkit.errors import UserInputError
 
 KINDS = ("auto", "default", "mirrored", "multi_worker")
 
@@ -52,14 +53,14 @@ class Selection:
 
 
 def check_kind(kind: str) -> str:
-    """Return ``kind`` if it is one of :data:`KINDS`, else raise ``ValueError`` naming them.
+    """Return ``kind`` if it is one of :data:`KINDS`, else raise ``UserInputError`` naming them.
 
     Example:
         >>> check_kind("mirrored")
         'mirrored'
     """
     if kind not in KINDS:
-        raise ValueError(
+        raise UserInputError(
             f"Unknown strategy kind. Received: strategy={kind!r}; accepted: "
             f"{', '.join(KINDS)}"
         )
@@ -70,7 +71,7 @@ def _check_simulate(simulate_cpus: Any) -> int | None:
     if simulate_cpus is None:
         return None
     if isinstance(simulate_cpus, bool) or not isinstance(simulate_cpus, int) or simulate_cpus < 1:
-        raise ValueError(
+        raise UserInputError(
             "simulate_cpus must be a positive integer. "
             f"Received: simulate_cpus={simulate_cpus!r}"
         )
@@ -110,7 +111,7 @@ def select(
         A :class:`Selection`.
 
     Raises:
-        ValueError: for an unknown kind, a bad ``simulate_cpus``, or a cluster
+        UserInputError: for an unknown kind, a bad ``simulate_cpus``, or a cluster
             task mirrorkit cannot train as (``ps``).
 
     Example:
@@ -120,7 +121,7 @@ def select(
     check_kind(kind)
     simulate_cpus = _check_simulate(simulate_cpus)
     if cluster is not None and cluster.task_type == "ps":
-        raise ValueError(
+        raise UserInputError(
             "TF_CONFIG makes this process a parameter server ('ps'); mirrorkit "
             "trains with synchronous all-reduce and has no ps role. Received: "
             "task.type='ps'; accepted: chief, worker"

@@ -49,6 +49,7 @@ from mirrorkit import _env
 from mirrorkit.distribute.cluster import ClusterSpec, parse_tf_config
 from mirrorkit.distribute.devices import visible_devices
 from mirrorkit.distribute.nodelist import expand_nodelist, expand_tasks_per_node
+from mirrorkit.errors import UserInputError
 
 # Base port when neither the argument nor MIRRORKIT_SLURM_PORT is given and
 # the job id is unknown; TensorFlow's SlurmClusterResolver uses the same.
@@ -156,12 +157,12 @@ def _int_var(env: Mapping[str, str], name: str, default: int | None = None) -> i
     if raw is None:
         if default is not None:
             return default
-        raise ValueError(
+        raise UserInputError(
             f"Slurm step variable {name} is missing; mirrorkit needs it to place "
             "this task. Run under 'srun', or set MIRRORKIT_SLURM=0 to ignore Slurm."
         )
     if not raw.strip().isdigit():
-        raise ValueError(
+        raise UserInputError(
             f"Slurm variable {name} must be a non-negative integer. "
             f"Received: {name}={raw!r}"
         )
@@ -182,14 +183,14 @@ def _node_index(env: Mapping[str, str], hosts: list[str]) -> int:
     name = env.get("SLURMD_NODENAME")
     if name and name in hosts:
         if hosts.count(name) > 1:
-            raise ValueError(
+            raise UserInputError(
                 f"The Slurm node list names this node ({name!r}) more than once. "
                 f"Received: nodelist={','.join(hosts)!r}"
             )
         return hosts.index(name)
     node = _int_var(env, "SLURM_NODEID", default=0 if len(hosts) == 1 else None)
     if node >= len(hosts):
-        raise ValueError(
+        raise UserInputError(
             f"SLURM_NODEID={node} is outside the step's node list of {len(hosts)} "
             f"node(s) ({','.join(hosts)}); set SLURMD_NODENAME or run under 'srun'."
         )
@@ -222,7 +223,7 @@ def from_env(
         A :class:`SlurmTask`, or None when this is not an ``srun`` step.
 
     Raises:
-        ValueError: naming the variable, for inconsistent or malformed values.
+        UserInputError: naming the variable, for inconsistent or malformed values.
 
     Example:
         >>> from_env({}) is None
@@ -232,7 +233,7 @@ def from_env(
         return None
     nodelist = _first(env, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
     if nodelist is None:
-        raise ValueError(
+        raise UserInputError(
             "Slurm step variable SLURM_STEP_NODELIST is missing; mirrorkit needs it "
             "to list the step's nodes. Run under 'srun', or set MIRRORKIT_SLURM=0."
         )
@@ -243,7 +244,7 @@ def from_env(
     ntasks = _int_var(env, ntasks_name) if ntasks_name else None
     if per_node_text is None:
         if ntasks is None or ntasks % len(hosts):
-            raise ValueError(
+            raise UserInputError(
                 "Slurm step variable SLURM_STEP_TASKS_PER_NODE is missing and "
                 f"{ntasks_name or 'SLURM_NTASKS'}={ntasks} does not spread evenly over "
                 f"{len(hosts)} node(s). Run under 'srun', or set MIRRORKIT_SLURM=0."
@@ -252,26 +253,26 @@ def from_env(
     else:
         per_node = expand_tasks_per_node(per_node_text)
     if len(per_node) != len(hosts):
-        raise ValueError(
+        raise UserInputError(
             f"Slurm lists {len(hosts)} node(s) ({nodelist}) but task counts for "
             f"{len(per_node)} ({per_node_text}); they must match."
         )
     if ntasks is not None and ntasks != sum(per_node):
-        raise ValueError(
+        raise UserInputError(
             f"Slurm says the step has {ntasks_name}={ntasks} task(s) but the "
             f"per-node counts ({per_node_text}) add up to {sum(per_node)}."
         )
     node = _node_index(env, hosts)
     local = _int_var(env, "SLURM_LOCALID")
     if local >= per_node[node]:
-        raise ValueError(
+        raise UserInputError(
             f"SLURM_LOCALID={local} is out of range for {per_node[node]} task(s) on "
             f"node {hosts[node]!r}."
         )
     proc = _int_var(env, "SLURM_PROCID")
     base = port_base if port_base is not None else default_port_base(env.get("SLURM_JOB_ID"))
     if base + max(per_node) - 1 > 65535:
-        raise ValueError(
+        raise UserInputError(
             f"Port base {base} leaves no room for {max(per_node)} task(s) per node; "
             "choose a lower MIRRORKIT_SLURM_PORT."
         )
@@ -295,7 +296,7 @@ def current() -> SlurmTask | None:
     ``MIRRORKIT_SLURM_GPUS_PER_TASK`` when set.
 
     Raises:
-        ValueError: for malformed Slurm or ``MIRRORKIT_SLURM_*`` values.
+        UserInputError: for malformed Slurm or ``MIRRORKIT_SLURM_*`` values.
 
     Example:
         >>> task = current()          # doctest: +SKIP

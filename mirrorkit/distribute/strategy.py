@@ -20,7 +20,7 @@ from mirrorkit.distribute import devices, slurm
 from mirrorkit.distribute.cluster import ClusterSpec, parse_tf_config
 from mirrorkit.distribute.runtime import Runtime
 from mirrorkit.distribute.selection import KINDS, Selection, check_kind, select
-from mirrorkit.errors import RunError
+from mirrorkit.errors import RunError, UserInputError
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def resolve(kind: str | None = None, *, simulate_cpus: int | None = None) -> Sel
     if kind is None and _env.strategy_kind() is not None:
         kind = _env.strategy_kind()
         if kind not in KINDS:
-            raise ValueError(
+            raise UserInputError(
                 f"Unknown strategy kind in {_env.STRATEGY}. Received: "
                 f"{_env.STRATEGY}={kind!r}; accepted: {', '.join(KINDS)}")
     kind = kind or "auto"
@@ -164,7 +164,7 @@ def get_strategy(kind: str | None = None, *, simulate_cpus: int | None = None) -
         The strategy. Never None: on a plain CPU it is the default strategy.
 
     Raises:
-        ValueError: for a bad kind, simulate count or ``TF_CONFIG``.
+        UserInputError: for a bad kind, simulate count or ``TF_CONFIG``.
         RuntimeError: when it is too late to configure devices, or a different
             strategy was already created in this process.
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import IO, Any, Callable
 
 from mirrorkit import _env, protocol
-from mirrorkit.errors import RunError
+from mirrorkit.errors import RunError, UserInputError
 from mirrorkit.launcher import capacity, worker_status
 from mirrorkit.launcher.group import WorkerGroup
 from mirrorkit.launcher.hosts import check_hosts
@@ -57,7 +57,7 @@ _STOP_SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in
 def _resolve_program(program: str, path: str | None) -> str:
     if os.sep in program:
         if not (os.path.isfile(program) and os.access(program, os.X_OK)):
-            raise ValueError(f"Command not found or not executable: {program!r}")
+            raise UserInputError(f"Command not found or not executable: {program!r}")
         return program
     # Next to the launcher's interpreter first: `python` and `mirrorkit` then
     # mean the launcher's own (virtual) environment even when it is not on PATH.
@@ -66,7 +66,7 @@ def _resolve_program(program: str, path: str | None) -> str:
         return str(sibling)
     found = shutil.which(program, path=path)
     if found is None:
-        raise ValueError(
+        raise UserInputError(
             f"Command not found: {program!r} (looked in {sibling.parent} and on PATH)."
         )
     return found
@@ -140,7 +140,7 @@ def launch(spec: LaunchSpec, *, stdout: IO[str] | None = None,
         A :class:`RunResult`; ``summary()`` explains a failure.
 
     Raises:
-        ValueError: command not found, a fixed port in use, too few GPUs, a
+        UserInputError: command not found, a fixed port in use, too few GPUs, a
             host that does not resolve, a ``node_rank`` whose host is not
             this machine, or more workers than this machine holds usefully
             (:mod:`mirrorkit.launcher.capacity`) without ``oversubscribe``.

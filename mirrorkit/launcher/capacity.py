@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 
 from mirrorkit.distribute.devices import usable_cores
+from mirrorkit.errors import UserInputError
 
 # A worker per this many cores at most (see the module docstring).
 WORKERS_PER_CORE = 4
@@ -101,7 +102,7 @@ def check(nproc: int, *, oversubscribe: bool = False) -> None:
     """Raise when ``nproc`` workers do not fit this machine, unless ``oversubscribe``.
 
     Raises:
-        ValueError: with :func:`oversubscription`'s line.
+        UserInputError: with :func:`oversubscription`'s line.
 
     Example:
         >>> check(1)
@@ -111,4 +112,4 @@ def check(nproc: int, *, oversubscribe: bool = False) -> None:
         return
     line = oversubscription(nproc, cores=usable_cores(), available=available_memory())
     if line is not None:
-        raise ValueError(line)
+        raise UserInputError(line)

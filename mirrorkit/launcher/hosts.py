@@ -16,13 +16,14 @@ import socket
 from typing import Sequence
 
 from mirrorkit.distribute.cluster import parse_address
+from mirrorkit.errors import UserInputError
 
 
 def resolve(host: str) -> list[str]:
     """Every IP address ``host`` resolves to (IPv4 and IPv6), in resolver order.
 
     Raises:
-        ValueError: when the name does not resolve.
+        UserInputError: when the name does not resolve.
 
     Example:
         >>> "127.0.0.1" in resolve("localhost")
@@ -32,7 +33,7 @@ def resolve(host: str) -> list[str]:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     except (socket.gaierror, UnicodeError) as err:
         reason = getattr(err, "strerror", None) or str(err)
-        raise ValueError(
+        raise UserInputError(
             f"Host {host!r} does not resolve ({reason}). Every node must resolve every "
             "other node's name: use addresses, or add the names to DNS or /etc/hosts."
         ) from err
@@ -67,20 +68,20 @@ def check_hosts(addresses: Sequence[str], node_rank: int) -> None:
         node_rank: this node's position in ``addresses``.
 
     Raises:
-        ValueError: one line naming the entry that does not resolve, or this
+        UserInputError: one line naming the entry that does not resolve, or this
             node's entry when none of its addresses belongs to this machine.
 
     Example:
         >>> check_hosts(["localhost:2222", "no-such-host.invalid:2222"], node_rank=0)
         Traceback (most recent call last):
         ...
-        ValueError: Host 'no-such-host.invalid' does not resolve (...). Every node must ...
+        mirrorkit.errors.UserInputError: Host 'no-such-host.invalid' does not resolve (...). Every node must ...
     """
     for rank, address in enumerate(addresses):
         host, _ = parse_address(address, field="hosts entry")
         found = resolve(host)
         if rank == node_rank and not any(is_local_address(ip) for ip in found):
-            raise ValueError(
+            raise UserInputError(
                 f"--node-rank {node_rank} names {host!r} ({', '.join(found)}), which is not "
                 "an address of this machine. Run each node's launcher with the --node-rank "
                 "of its own entry in --hosts.")

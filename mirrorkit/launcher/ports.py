@@ -11,6 +11,8 @@ from __future__ import annotations
 import socket
 from typing import Sequence
 
+from mirrorkit.errors import UserInputError
+
 
 def free_ports(n: int) -> list[int]:
     """Return ``n`` distinct ports that are free on this machine now."""
@@ -28,7 +30,7 @@ def free_ports(n: int) -> list[int]:
 
 
 def check_ports_free(ports: Sequence[int]) -> None:
-    """Raise ``ValueError`` naming the first of ``ports`` that another process holds."""
+    """Raise ``UserInputError`` naming the first of ``ports`` another process holds."""
     # SO_REUSEADDR as gRPC sets it: a port left in TIME_WAIT by the previous
     # attempt counts as free, a port another process listens on does not.
     for port in ports:
@@ -37,7 +39,7 @@ def check_ports_free(ports: Sequence[int]) -> None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(("", port))
         except OSError as err:
-            raise ValueError(
+            raise UserInputError(
                 f"Port {port} is already in use on this machine ({err.strerror}); "
                 f"workers here need ports {ports[0]}..{ports[-1]}. Choose another "
                 "base port, or leave it unset (no --port) to pick free ports."

@@ -32,7 +32,7 @@ import time
 from typing import IO, Any, Mapping, Sequence
 
 from mirrorkit import _env, protocol
-from mirrorkit.errors import MissingDependency, RunError
+from mirrorkit.errors import MissingDependency, RunError, UserInputError
 from mirrorkit.launcher.agent import _resolve_program
 from mirrorkit.launcher.ray_journal import Journal, stopped
 from mirrorkit.launcher.state import RunResult
@@ -86,7 +86,7 @@ class RayJobSpec:
         env: extra variables for every worker's program.
 
     Raises:
-        ValueError: a field out of range, naming it and the value.
+        UserInputError: a field out of range, naming it and the value.
 
     Example:
         >>> RayJobSpec(command=("python", "t.py"), nproc=3, min_workers=2,
@@ -109,27 +109,28 @@ class RayJobSpec:
         object.__setattr__(self, "command", tuple(self.command or ()))
         object.__setattr__(self, "env", dict(self.env or {}))
         if not self.command or not self.command[0].strip():
-            raise ValueError("`command` must name the program every worker runs, e.g. "
-                             "'mirrorkit launch --ray -n 2 -- mirrorkit train'. "
-                             f"Received: command={self.command!r}")
+            raise UserInputError("`command` must name the program every worker runs, e.g. "
+                                 "'mirrorkit launch --ray -n 2 -- mirrorkit train'. "
+                                 f"Received: command={self.command!r}")
         for name, minimum in (("nproc", 1), ("max_restarts", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ValueError(f"`{name}` must be an integer >= {minimum}. "
-                                 f"Received: {name}={value!r}")
+                raise UserInputError(f"`{name}` must be an integer >= {minimum}. "
+                                     f"Received: {name}={value!r}")
         if not (isinstance(self.cpus_per_worker, (int, float)) and self.cpus_per_worker > 0):
-            raise ValueError("`cpus_per_worker` (--cpus-per-worker) must be a positive number. "
-                             f"Received: cpus_per_worker={self.cpus_per_worker!r}")
+            raise UserInputError("`cpus_per_worker` (--cpus-per-worker) must be a positive number. "
+                                 f"Received: cpus_per_worker={self.cpus_per_worker!r}")
         if not (isinstance(self.gpus_per_worker, (int, float)) and self.gpus_per_worker >= 0):
-            raise ValueError("`gpus_per_worker` (--gpus-per-worker) must be a number >= 0. "
-                             f"Received: gpus_per_worker={self.gpus_per_worker!r}")
+            raise UserInputError("`gpus_per_worker` (--gpus-per-worker) must be a number >= 0. "
+                                 f"Received: gpus_per_worker={self.gpus_per_worker!r}")
         if self.min_workers is not None and not 1 <= self.min_workers <= self.nproc:
-            raise ValueError("`min_workers` (--min-workers) must be from 1 to the number of "
-                             f"workers ({self.nproc}). Received: min_workers={self.min_workers!r}")
+            raise UserInputError("`min_workers` (--min-workers) must be from 1 to the number "
+                                 f"of workers ({self.nproc}). "
+                                 f"Received: min_workers={self.min_workers!r}")
         if self.elastic_batch not in (None, *protocol.ELASTIC_BATCH_CHOICES):
-            raise ValueError("`elastic_batch` (--elastic-batch) must be one of "
-                             f"{', '.join(protocol.ELASTIC_BATCH_CHOICES)}. "
-                             f"Received: elastic_batch={self.elastic_batch!r}")
+            raise UserInputError("`elastic_batch` (--elastic-batch) must be one of "
+                                 f"{', '.join(protocol.ELASTIC_BATCH_CHOICES)}. "
+                                 f"Received: elastic_batch={self.elastic_batch!r}")
         if self.min_workers is not None and self.elastic_batch is None:
             object.__setattr__(self, "elastic_batch", "global")
 
@@ -227,7 +228,7 @@ def trainer(command: Sequence[str], *, num_workers: int = 2, cpus_per_worker: fl
 
     Raises:
         MissingDependency: Ray Train is not installed.
-        ValueError: an argument out of range.
+        UserInputError: an argument out of range.
 
     Example:
         >>> import ray, mirrorkit                                      # doctest: +SKIP
@@ -314,7 +315,7 @@ def run(spec: RayJobSpec, *, stdout: IO[str] | None = None,
     Raises:
         MissingDependency: Ray Train is not installed.
         RunError: no cluster at ``spec.address``.
-        ValueError: the command's program is not found on this machine.
+        UserInputError: the command's program is not found on this machine.
 
     Example:
         >>> run(RayJobSpec(command=("mirrorkit", "train"), nproc=2)).exit_code  # doctest: +SKIP

@@ -46,7 +46,7 @@ import time
 from typing import Callable
 
 from mirrorkit import _env
-from mirrorkit.errors import RunError
+from mirrorkit.errors import RunError, UserInputError
 from mirrorkit.launcher.membership import Blame, Decision, Membership, View
 from mirrorkit.launcher.spec import LaunchSpec
 from mirrorkit.protocol import DEFAULT_JOIN_TIMEOUT
@@ -74,7 +74,7 @@ class RendezvousServer:
         join_timeout: seconds to wait for every node to join the first attempt.
 
     Raises:
-        ValueError: when the rendezvous port is in use on this machine.
+        UserInputError: when the rendezvous port is in use on this machine.
     """
 
     def __init__(self, spec: LaunchSpec, join_timeout: float) -> None:
@@ -85,8 +85,8 @@ class RendezvousServer:
         try:
             self._listener = socket.create_server(("", port))
         except OSError as err:
-            raise ValueError(f"The rendezvous port {port} is in use on this machine "
-                             f"({err.strerror}): choose another --port.") from err
+            raise UserInputError(f"The rendezvous port {port} is in use on this machine "
+                                 f"({err.strerror}): choose another --port.") from err
         self._listener.setblocking(False)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ)
@@ -268,7 +268,7 @@ class RendezvousClient:
             (the launcher got SIGINT/SIGTERM) the wait ends with no view.
 
     Raises:
-        ValueError: node 0 only: the rendezvous port is in use.
+        UserInputError: node 0 only: the rendezvous port is in use.
         RuntimeError: the host did not answer within the join timeout.
     """
 

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any, Mapping, Sequence
 
 from mirrorkit.distribute.cluster import build_tf_config, parse_address
+from mirrorkit.errors import UserInputError
 from mirrorkit.protocol import ELASTIC_BATCH_CHOICES
 
 # Host of every worker when all run on this machine.
@@ -26,7 +27,7 @@ def _is_int(value: Any) -> bool:
 def _check_int(name: str, value: Any, minimum: int, *, flag: str = "", hint: str = "") -> None:
     if not _is_int(value) or value < minimum:
         kind = "a positive integer" if minimum == 1 else "a non-negative integer"
-        raise ValueError(f"`{name}`{flag} must be {kind}{hint}. Received: {name}={value!r}")
+        raise UserInputError(f"`{name}`{flag} must be {kind}{hint}. Received: {name}={value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +44,7 @@ class LaunchSpec:
         log_dir: also append each worker's output to ``log_dir/worker-<rank>.log``.
             Defaults to None (terminal only).
         port: first of ``nproc`` consecutive ports. If any of them is in use,
-            :func:`launch` raises ``ValueError`` naming the port (a fixed port
+            :func:`launch` raises ``UserInputError`` naming the port (a fixed port
             is a promise to the user and to other nodes, so it is never
             silently moved). Defaults to None: free ports, new on each restart.
         gpus_per_worker: give worker ``j`` (local index) GPUs ``j*G..j*G+G-1``
@@ -86,7 +87,7 @@ class LaunchSpec:
             Defaults to False: :func:`~mirrorkit.launcher.launch` refuses.
 
     Raises:
-        ValueError: for any invalid field, naming it and the value received.
+        UserInputError: for any invalid field, naming it and the value received.
 
     Example:
         >>> LaunchSpec(command=("python", "t.py"), nproc=2).world_size
@@ -128,7 +129,7 @@ class LaunchSpec:
     def _validate(self) -> None:
         if not self.command or not all(isinstance(a, str) for a in self.command) \
                 or not self.command[0].strip():
-            raise ValueError(
+            raise UserInputError(
                 "`command` must name the program every worker runs, e.g. "
                 f"'mirrorkit launch -n 2 -- python train.py'. Received: command={self.command!r}"
             )
@@ -137,7 +138,7 @@ class LaunchSpec:
         _check_int("max_restarts", self.max_restarts, 0)
         if self.port is not None and (not _is_int(self.port) or not
                                       1 <= self.port <= 65536 - self.nproc):
-            raise ValueError(
+            raise UserInputError(
                 f"`port` must leave room for {self.nproc} consecutive ports within "
                 f"1..65535. Received: port={self.port!r}"
             )
@@ -145,22 +146,22 @@ class LaunchSpec:
             _check_int("gpus_per_worker", self.gpus_per_worker, 1)
         if isinstance(self.grace_period, bool) or not isinstance(
                 self.grace_period, (int, float)) or not self.grace_period >= 0:
-            raise ValueError(
+            raise UserInputError(
                 "`grace_period` must be a non-negative number of seconds. "
                 f"Received: grace_period={self.grace_period!r}"
             )
         _check_int("node_rank", self.node_rank, 0)
         if self.hosts is None:
             if self.node_rank != 0:
-                raise ValueError(
+                raise UserInputError(
                     "`node_rank` needs `hosts` (every node's host) to place this "
                     f"node. Received: node_rank={self.node_rank}, hosts=None"
                 )
             return
         if not self.hosts:
-            raise ValueError("`hosts` must name at least one node. Received: hosts=()")
+            raise UserInputError("`hosts` must name at least one node. Received: hosts=()")
         if self.node_rank >= len(self.hosts):
-            raise ValueError(
+            raise UserInputError(
                 f"`node_rank` must be below the number of hosts ({len(self.hosts)}). "
                 f"Received: node_rank={self.node_rank}"
             )
@@ -170,11 +171,11 @@ class LaunchSpec:
     def _validate_elastic(self) -> None:
         if self.min_workers is not None:
             if not _is_int(self.min_workers) or not 1 <= self.min_workers <= self.world_size:
-                raise ValueError(
+                raise UserInputError(
                     "`min_workers` (--min-workers) must be an integer from 1 to the number "
                     f"of workers ({self.world_size}). Received: min_workers={self.min_workers!r}")
             if self.max_restarts < 1:
-                raise ValueError(
+                raise UserInputError(
                     "`min_workers` (--min-workers) continues after a loss by restarting "
                     "without the lost worker, so it needs `max_restarts` (--max-restarts) "
                     "of at least 1 (a worker that fails right after its restart is lost "
@@ -182,24 +183,24 @@ class LaunchSpec:
                     f"Received: max_restarts={self.max_restarts}")
         if self.elastic_batch is not None:
             if self.elastic_batch not in ELASTIC_BATCH_RULES:
-                raise ValueError(
+                raise UserInputError(
                     "`elastic_batch` (--elastic-batch) must be one of "
                     f"{', '.join(ELASTIC_BATCH_RULES)}. Received: "
                     f"elastic_batch={self.elastic_batch!r}")
             if self.min_workers is None:
-                raise ValueError(
+                raise UserInputError(
                     "`elastic_batch` (--elastic-batch) only applies to an elastic job: "
                     "add --min-workers M. Received: min_workers=None")
         if isinstance(self.rendezvous_timeout, bool) or not isinstance(
                 self.rendezvous_timeout, (int, float)) or not self.rendezvous_timeout > 0:
-            raise ValueError(
+            raise UserInputError(
                 "`rendezvous_timeout` (--rendezvous-timeout) must be a positive number of "
                 f"seconds. Received: rendezvous_timeout={self.rendezvous_timeout!r}")
         if self.min_workers is not None and self.hosts is not None:
             host, port = self.rendezvous_address()
             taken = {parse_address(a) for a in self.node_addresses()}
             if (host, port) in taken or port > 65535:
-                raise ValueError(
+                raise UserInputError(
                     f"The rendezvous port {port} on {host} (node 0's first port + -n) is a "
                     "worker's port or out of range: space the nodes' ports further apart.")
 
@@ -223,11 +224,11 @@ class LaunchSpec:
         if ":" in entry:
             host, port = parse_address(entry, field="hosts entry")
             if port > 65536 - self.nproc:
-                raise ValueError(
+                raise UserInputError(
                     f"hosts entry {entry!r} leaves no room for {self.nproc} ports.")
             return host, port
         if not entry.strip() or any(c.isspace() for c in entry):
-            raise ValueError(f"`hosts` entries must be HOST or HOST:PORT. Received: {entry!r}")
+            raise UserInputError(f"`hosts` entries must be HOST or HOST:PORT. Received: {entry!r}")
         return entry, self.port
 
     def node_addresses(self, ports: Sequence[int] | None = None) -> list[str]:
@@ -252,7 +253,7 @@ class LaunchSpec:
         for entry in self.hosts:
             host, base = self._node_base(entry)
             if base is None:
-                raise ValueError(
+                raise UserInputError(
                     f"hosts entry {entry!r} has no port and `port` (--port) is unset; "
                     "every node must know every worker's port."
                 )

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from mirrorkit import _env
+from mirrorkit.errors import UserInputError
 from mirrorkit.patching.catalogue import PATCHES
 
 
@@ -38,7 +39,7 @@ def check_names(names: Iterable[str], where: str) -> set[str]:
         where: where they came from, for the error (``"disable"``, a variable name).
 
     Raises:
-        ValueError: a name that is not a patch (the accepted ones listed).
+        UserInputError: a name that is not a patch (the accepted ones listed).
 
     Example:
         >>> sorted(check_names(["multi-step", " "], "disable"))
@@ -47,7 +48,7 @@ def check_names(names: Iterable[str], where: str) -> set[str]:
     chosen = {n.strip() for n in names if n and n.strip()}
     unknown = sorted(chosen - set(PATCHES) - {"all"})
     if unknown:
-        raise ValueError(
+        raise UserInputError(
             f"Unknown compat fix in {where}. Received: {', '.join(unknown)}; "
             f"accepted: all, {', '.join(PATCHES)}")
     if "all" in chosen:
@@ -62,7 +63,7 @@ def disabled() -> set[str]:
     ``MIRRORKIT_COMPAT_DISABLE`` adds any names.
 
     Raises:
-        ValueError: ``MIRRORKIT_COMPAT_DISABLE`` names an unknown patch.
+        UserInputError: ``MIRRORKIT_COMPAT_DISABLE`` names an unknown patch.
 
     Example:
         >>> from mirrorkit._env import patch

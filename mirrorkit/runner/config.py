@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from mirrorkit import _env
+from mirrorkit.errors import UserInputError
 
 # The environment twins of --compare-one-device and --sync-batch-norm.
 COMPARE_ONE_DEVICE = "MIRRORKIT_COMPARE_ONE_DEVICE"
@@ -101,7 +102,7 @@ def check_script(script: str | os.PathLike[str]) -> Path:
 
     Raises:
         FileNotFoundError: when it does not exist.
-        ValueError: when it is a directory or does not end in ``.py``.
+        UserInputError: when it is a directory or does not end in ``.py``.
 
     Example:
         >>> check_script("surely/missing.py")
@@ -113,7 +114,7 @@ def check_script(script: str | os.PathLike[str]) -> Path:
     if not path.exists():
         raise FileNotFoundError(f"Script not found. Received: script={os.fspath(script)!r}")
     if path.is_dir() or path.suffix != ".py":
-        raise ValueError(
+        raise UserInputError(
             f"The script must be a Python file ending in .py. Received: "
             f"script={os.fspath(script)!r}"
         )

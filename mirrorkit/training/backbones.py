@@ -35,6 +35,8 @@ import dataclasses
 import logging
 from typing import Any
 
+from mirrorkit.errors import UserInputError
+
 logger = logging.getLogger(__name__)
 
 
@@ -206,7 +208,7 @@ def build_classifier(app: Application, *, input_shape: tuple[int, int, int], num
         A functional ``keras.Model``; ``model.get_layer("backbone")`` is the backbone.
 
     Raises:
-        ValueError: images with other than 1 or 3 channels.
+        UserInputError: images with other than 1 or 3 channels.
 
     Example:
         >>> model = build_classifier(APPLICATIONS["mobilenet_025"], input_shape=(32, 32, 1),
@@ -219,8 +221,8 @@ def build_classifier(app: Application, *, input_shape: tuple[int, int, int], num
 
     height, width, channels = (int(d) for d in input_shape)
     if channels not in (1, 3):
-        raise ValueError(f"Model {app.name!r} takes images with 1 or 3 channels (--channels "
-                         f"3). Received: input_shape={tuple(input_shape)!r}")
+        raise UserInputError(f"Model {app.name!r} takes images with 1 or 3 channels (--channels "
+                             f"3). Received: input_shape={tuple(input_shape)!r}")
     inputs = keras.Input(shape=(height, width, channels), name="image")
     x = augmentation(inputs) if augmentation is not None else inputs
     prepare = layers.Dense(3, trainable=False, name="preprocess")

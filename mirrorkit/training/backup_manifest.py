@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from mirrorkit import _env
-from mirrorkit.errors import RunError
+from mirrorkit.errors import RunError, UserInputError
 
 logger = logging.getLogger(__name__)
 
@@ -209,7 +209,7 @@ def choose(backup_dir: str | os.PathLike, *, fallback: str | None = None,
         BackupDamaged: the latest backup failed verification (and no
             permitted fallback verified): one line with the file, what is
             wrong and the choices. Nothing is changed.
-        ValueError: an unknown ``fallback``.
+        UserInputError: an unknown ``fallback``.
 
     Example:
         >>> choose("surely/missing/backup") is None
@@ -218,8 +218,8 @@ def choose(backup_dir: str | os.PathLike, *, fallback: str | None = None,
     folder = Path(backup_dir)
     fallback = fallback if fallback is not None else _env.get(FALLBACK) or None
     if fallback is not None and fallback not in _FALLBACKS:
-        raise ValueError(f"Unknown backup fallback. Received: {FALLBACK}={fallback!r}; "
-                         f"accepted: {', '.join(_FALLBACKS)}")
+        raise UserInputError(f"Unknown backup fallback. Received: {FALLBACK}={fallback!r}; "
+                             f"accepted: {', '.join(_FALLBACKS)}")
     previous = folder / PREVIOUS
     if not any((folder / name).exists() for name in (WEIGHTS, METADATA, MANIFEST)) \
             and not previous.is_dir():

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 from mirrorkit.datasets import DataOptions, parse_spec
 from mirrorkit.datasets._base import check_positive_int
+from mirrorkit.errors import UserInputError
 from mirrorkit.training.finetune_options import check_fine_tune
 from mirrorkit.training.models import model_spec
 from mirrorkit.training.serving import check_format
@@ -36,7 +37,8 @@ DEFAULT_PER_REPLICA_BATCH = 32
 
 def _choice(name: str, value: Any, choices: Sequence[str]) -> None:
     if value not in choices:
-        raise ValueError(f"Unknown {name}. Valid: {', '.join(choices)}. Received: {name}={value!r}")
+        raise UserInputError(
+            f"Unknown {name}. Valid: {', '.join(choices)}. Received: {name}={value!r}")
 
 
 def check_rollback(max_rollbacks: Any, lr_factor: Any, spike_factor: Any = None) -> None:
@@ -47,21 +49,21 @@ def check_rollback(max_rollbacks: Any, lr_factor: Any, spike_factor: Any = None)
         >>> check_rollback(-1, 0.5)
         Traceback (most recent call last):
         ...
-        ValueError: `max_rollbacks` must be an integer >= 0. Received: max_rollbacks=-1
+        mirrorkit.errors.UserInputError: `max_rollbacks` must be an integer >= 0. Received: max_rollbacks=-1
     """
     if (isinstance(max_rollbacks, bool) or not isinstance(max_rollbacks, numbers.Integral)
             or max_rollbacks < 0):
-        raise ValueError(f"`max_rollbacks` must be an integer >= 0. "
-                         f"Received: max_rollbacks={max_rollbacks!r}")
+        raise UserInputError(f"`max_rollbacks` must be an integer >= 0. "
+                             f"Received: max_rollbacks={max_rollbacks!r}")
     if (isinstance(lr_factor, bool) or not isinstance(lr_factor, numbers.Real)
             or not 0 < lr_factor <= 1):
-        raise ValueError(f"`rollback_lr_factor` must be above 0 and at most 1. "
-                         f"Received: rollback_lr_factor={lr_factor!r}")
+        raise UserInputError(f"`rollback_lr_factor` must be above 0 and at most 1. "
+                             f"Received: rollback_lr_factor={lr_factor!r}")
     if spike_factor is not None and (isinstance(spike_factor, bool)
                                      or not isinstance(spike_factor, numbers.Real)
                                      or not 1 < spike_factor < math.inf):
-        raise ValueError(f"`spike_factor` must be a number above 1. "
-                         f"Received: spike_factor={spike_factor!r}")
+        raise UserInputError(f"`spike_factor` must be a number above 1. "
+                             f"Received: spike_factor={spike_factor!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +142,7 @@ class TrainConfig:
             Defaults to None (all).
 
     Raises:
-        ValueError: for any invalid value, naming it (``Received: epochs=0``).
+        UserInputError: for any invalid value, naming it (``Received: epochs=0``).
 
     Example:
         >>> TrainConfig(epochs=3).epochs
@@ -148,7 +150,7 @@ class TrainConfig:
         >>> TrainConfig(epochs=0)
         Traceback (most recent call last):
         ...
-        ValueError: `epochs` must be a positive integer. Received: epochs=0
+        mirrorkit.errors.UserInputError: `epochs` must be a positive integer. Received: epochs=0
     """
 
     dataset: str = "digits"
@@ -189,9 +191,9 @@ class TrainConfig:
             raise ValueError(f"`data` must be a mirrorkit.datasets.DataOptions. "
                              f"Received: data={self.data!r}")
         if self.data.augment != "none" and kind not in ("folder", "files"):
-            raise ValueError(f"augment={self.data.augment!r} decodes encoded images: it "
-                             "applies to folder:PATH and files:GLOB datasets only (use "
-                             f"--augment flip-shift here). Received: dataset={self.dataset!r}")
+            raise UserInputError(f"augment={self.data.augment!r} decodes encoded images: it "
+                                 "applies to folder:PATH and files:GLOB datasets only (use "
+                                 f"--augment flip-shift here). Received: dataset={self.dataset!r}")
         check_positive_int("epochs", self.epochs)
         for name in ("per_replica_batch", "global_batch", "accumulate", "simulate_cpus"):
             if getattr(self, name) is not None:
@@ -206,14 +208,14 @@ class TrainConfig:
         lr = self.lr
         if lr is not None and (isinstance(lr, bool) or not isinstance(lr, numbers.Real)
                                or not 0 < lr < math.inf):
-            raise ValueError(f"`lr` must be a positive finite number. Received: lr={lr!r}")
+            raise UserInputError(f"`lr` must be a positive finite number. Received: lr={lr!r}")
         warm = self.warmup_epochs
         if isinstance(warm, bool) or not isinstance(warm, numbers.Real) or not 0 <= warm < math.inf:
-            raise ValueError(
+            raise UserInputError(
                 f"`warmup_epochs` must be a number >= 0. Received: warmup_epochs={warm!r}")
         seed = self.seed
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-            raise ValueError(f"`seed` must be an integer >= 0. Received: seed={self.seed!r}")
+            raise UserInputError(f"`seed` must be an integer >= 0. Received: seed={self.seed!r}")
         if isinstance(self.targets, str):
             object.__setattr__(self, "targets", (self.targets,))
         object.__setattr__(self, "targets", tuple(self.targets or ()))
@@ -224,8 +226,8 @@ class TrainConfig:
         check_rollback(self.max_rollbacks, self.rollback_lr_factor, self.spike_factor)
         check_fine_tune(self)
         if self.resume and not self.output:
-            raise ValueError("`resume` continues the run in `output`: pass --output DIR "
-                             "(output=...) too. Received: output=None")
+            raise UserInputError("`resume` continues the run in `output`: pass --output DIR "
+                                 "(output=...) too. Received: output=None")
 
     @property
     def load_options(self) -> DataOptions:

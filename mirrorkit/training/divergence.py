@@ -31,6 +31,7 @@ import statistics
 from collections import deque
 from typing import Any
 
+from mirrorkit.errors import UserInputError
 from mirrorkit.training.metering import NonFiniteLossError, NonFiniteLossGuard
 
 # Calls of history needed before a spike can be called one: the first calls
@@ -70,13 +71,13 @@ class DivergenceGuard(NonFiniteLossGuard):
         window: how many recent calls the median covers. Defaults to 20.
 
     Raises:
-        ValueError: ``spike_factor`` not above 1, or ``window`` below 1.
+        UserInputError: ``spike_factor`` not above 1, or ``window`` below 1.
 
     Example:
         >>> DivergenceGuard(spike_factor=0.5)
         Traceback (most recent call last):
         ...
-        ValueError: `spike_factor` must be a number above 1. Received: spike_factor=0.5
+        mirrorkit.errors.UserInputError: `spike_factor` must be a number above 1. Received: spike_factor=0.5
     """
 
     def __init__(self, spike_factor: float | None = None, window: int = 20) -> None:
@@ -84,10 +85,11 @@ class DivergenceGuard(NonFiniteLossGuard):
         if spike_factor is not None and (isinstance(spike_factor, bool)
                                          or not isinstance(spike_factor, (int, float))
                                          or not 1 < spike_factor < math.inf):
-            raise ValueError(f"`spike_factor` must be a number above 1. "
-                             f"Received: spike_factor={spike_factor!r}")
+            raise UserInputError(f"`spike_factor` must be a number above 1. "
+                                 f"Received: spike_factor={spike_factor!r}")
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ValueError(f"`window` must be a positive integer. Received: window={window!r}")
+            raise UserInputError(
+                f"`window` must be a positive integer. Received: window={window!r}")
         self.spike_factor = float(spike_factor) if spike_factor is not None else None
         self._recent: deque[float] = deque(maxlen=window)
         self._mean, self._count = 0.0, 0

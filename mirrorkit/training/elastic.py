@@ -31,6 +31,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from mirrorkit.errors import UserInputError
 from mirrorkit.training.config import TrainConfig
 from mirrorkit.training.events import EVENTS_FILE, read_events
 from mirrorkit.training.plan import nearest_multiple
@@ -61,7 +62,7 @@ def adapt(config: TrainConfig, before: dict[str, int] | None, *, replicas: int,
     """The config for ``replicas`` by ``rule``, and the change (None when nothing changed).
 
     Raises:
-        ValueError: with ``global``, an effective batch that does not divide
+        UserInputError: with ``global``, an effective batch that does not divide
             by the new replica count (naming what would).
 
     Example:
@@ -69,7 +70,7 @@ def adapt(config: TrainConfig, before: dict[str, int] | None, *, replicas: int,
         >>> adapt(TrainConfig(), before, replicas=3, rule="global")
         Traceback (most recent call last):
         ...
-        ValueError: Cannot keep the global batch 128 on 3 replicas (42.67 per replica): use --elastic-batch per-replica, or start with a global batch that divides by 3 x 1: use a multiple of 3: 126 or 129
+        mirrorkit.errors.UserInputError: Cannot keep the global batch 128 on 3 replicas (42.67 per replica): use --elastic-batch per-replica, or start with a global batch that divides by 3 x 1: use a multiple of 3: 126 or 129
     """
     if before is None or before["replicas"] == replicas:
         return config, None
@@ -78,7 +79,7 @@ def adapt(config: TrainConfig, before: dict[str, int] | None, *, replicas: int,
     if rule == "global":
         unit = replicas * k
         if effective % unit:
-            raise ValueError(
+            raise UserInputError(
                 f"Cannot keep the global batch {effective} on {replicas} replicas "
                 f"({effective / unit:.2f} per replica): use --elastic-batch per-replica, or "
                 f"start with a global batch that divides by {replicas} x {k}: "

@@ -11,6 +11,8 @@ import math
 import numbers
 from typing import Any
 
+from mirrorkit.errors import UserInputError
+
 
 def default_head_epochs(epochs: int) -> int:
     """Phase-1 epochs when ``--head-epochs`` is not given: half of ``epochs``, at least 1.
@@ -26,7 +28,7 @@ def check_fine_tune(config: Any) -> None:
     """Validate the fine-tuning fields of a TrainConfig (no TensorFlow).
 
     Raises:
-        ValueError: ``weights`` on a model without a backbone, fine-tuning
+        UserInputError: ``weights`` on a model without a backbone, fine-tuning
             options without ``weights``, or a bad value (named).
 
     Example:
@@ -34,7 +36,7 @@ def check_fine_tune(config: Any) -> None:
         >>> TrainConfig(model="cnn", weights="imagenet")
         Traceback (most recent call last):
         ...
-        ValueError: `weights` needs a keras.applications model (e.g. resnet50, mobilenet_v2); 'cnn' has no pretrained backbone. Received: model='cnn'
+        mirrorkit.errors.UserInputError: `weights` needs a keras.applications model (e.g. resnet50, mobilenet_v2); 'cnn' has no pretrained backbone. Received: model='cnn'
     """
     from mirrorkit.training.backbones import APPLICATIONS
     from mirrorkit.training.pretrained import check_weights_spec
@@ -44,30 +46,30 @@ def check_fine_tune(config: Any) -> None:
                  ("head_epochs", "fine_tune_lr", "fine_tune_layers")
                  if getattr(config, name) is not None]
         if given:
-            raise ValueError(f"{', '.join(given)} set the phases of fine-tuning, which needs "
-                             f"--weights imagenet|PATH. Received: weights=None")
+            raise UserInputError(f"{', '.join(given)} set the phases of fine-tuning, which needs "
+                                 f"--weights imagenet|PATH. Received: weights=None")
         return
     check_weights_spec(config.weights)
     if config.model not in APPLICATIONS:
-        raise ValueError(f"`weights` needs a keras.applications model (e.g. resnet50, "
-                         f"mobilenet_v2); {config.model!r} has no pretrained backbone. "
-                         f"Received: model={config.model!r}")
+        raise UserInputError(f"`weights` needs a keras.applications model (e.g. resnet50, "
+                             f"mobilenet_v2); {config.model!r} has no pretrained backbone. "
+                             f"Received: model={config.model!r}")
     head = config.head_epochs
     if head is not None and (isinstance(head, bool) or not isinstance(head, numbers.Integral)
                              or not 0 <= head <= config.epochs):
-        raise ValueError(f"`head_epochs` must be an integer from 0 to epochs "
-                         f"({config.epochs}). Received: head_epochs={head!r}")
+        raise UserInputError(f"`head_epochs` must be an integer from 0 to epochs "
+                             f"({config.epochs}). Received: head_epochs={head!r}")
     lr = config.fine_tune_lr
     if lr is not None and (isinstance(lr, bool) or not isinstance(lr, numbers.Real)
                            or not 0 < lr < math.inf):
-        raise ValueError(f"`fine_tune_lr` must be a positive finite number. "
-                         f"Received: fine_tune_lr={lr!r}")
+        raise UserInputError(f"`fine_tune_lr` must be a positive finite number. "
+                             f"Received: fine_tune_lr={lr!r}")
     layers = config.fine_tune_layers
     if layers is not None and (isinstance(layers, bool) or not isinstance(layers, numbers.Integral)
                                or layers < 1):
-        raise ValueError(f"`fine_tune_layers` must be a positive integer. "
-                         f"Received: fine_tune_layers={layers!r}")
+        raise UserInputError(f"`fine_tune_layers` must be a positive integer. "
+                             f"Received: fine_tune_layers={layers!r}")
     if config.warmup_epochs:
-        raise ValueError(f"`warmup_epochs` is for single-phase training; with --weights each "
-                         f"phase starts at its own rate (--lr, --fine-tune-lr). "
-                         f"Received: warmup_epochs={config.warmup_epochs!r}")
+        raise UserInputError(f"`warmup_epochs` is for single-phase training; with --weights each "
+                             f"phase starts at its own rate (--lr, --fine-tune-lr). "
+                             f"Received: warmup_epochs={config.warmup_epochs!r}")

@@ -76,7 +76,7 @@ def train(config: TrainConfig | None = None, *, callbacks: Sequence[Any] = (),
         A :class:`TrainResult`.
 
     Raises:
-        ValueError: bad dataset/model/batch/learning-rate combination, or an
+        UserInputError: bad dataset/model/batch/learning-rate combination, or an
             output directory that holds a previous run (without ``resume``).
         FileNotFoundError: missing data, or ``resume`` without a backup.
         PermissionError / NotADirectoryError: an output path that cannot be written.

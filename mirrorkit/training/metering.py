@@ -23,6 +23,8 @@ from typing import Any, Callable
 
 import keras
 
+from mirrorkit.errors import UserInputError
+
 
 class ThroughputMeter(keras.callbacks.Callback):
     """Measure training images per second, total and per replica, every epoch.
@@ -53,7 +55,8 @@ class ThroughputMeter(keras.callbacks.Callback):
         super().__init__()
         for name, value in (("global_batch", global_batch), ("replicas", replicas)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+                raise UserInputError(
+                    f"`{name}` must be a positive integer. Received: {name}={value!r}")
         self.global_batch = global_batch
         self.replicas = replicas
         self.report = report

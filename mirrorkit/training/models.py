@@ -40,6 +40,7 @@ import dataclasses
 import difflib
 from typing import Any
 
+from mirrorkit.errors import UserInputError
 from mirrorkit.training.backbones import APPLICATIONS, build_classifier
 
 
@@ -84,7 +85,7 @@ def model_spec(name: str) -> ModelSpec:
     """Return the :class:`ModelSpec` of ``name``.
 
     Raises:
-        ValueError: for an unknown name, listing the valid ones.
+        UserInputError: for an unknown name, listing the valid ones.
 
     Example:
         >>> model_spec("resnet50").min_size
@@ -94,25 +95,26 @@ def model_spec(name: str) -> ModelSpec:
         return MODELS[name]
     close = difflib.get_close_matches(str(name), list(MODELS), n=2, cutoff=0.6)
     hint = f" Did you mean {' or '.join(close)}?" if close else ""
-    raise ValueError(f"Unknown model.{hint} Valid: {', '.join(MODELS)}. Received: model={name!r}")
+    raise UserInputError(
+        f"Unknown model.{hint} Valid: {', '.join(MODELS)}. Received: model={name!r}")
 
 
 def check_input(name: str, input_shape: tuple[int, ...]) -> None:
-    """Raise a clear ValueError when ``name`` cannot take images of ``input_shape``.
+    """Raise a clear UserInputError when ``name`` cannot take images of ``input_shape``.
 
     Example:
         >>> check_input("resnet50", (8, 8, 1))
         Traceback (most recent call last):
         ...
-        ValueError: Model 'resnet50' needs images of at least 32x32; the dataset gives 8x8. ...
+        mirrorkit.errors.UserInputError: Model 'resnet50' needs images of at least 32x32; the dataset gives 8x8. ...
     """
     spec = model_spec(name)
     if len(input_shape) != 3:
-        raise ValueError(f"`input_shape` must be (height, width, channels). "
-                         f"Received: input_shape={tuple(input_shape)!r}")
+        raise UserInputError(f"`input_shape` must be (height, width, channels). "
+                             f"Received: input_shape={tuple(input_shape)!r}")
     height, width = input_shape[:2]
     if min(height, width) < spec.min_size:
-        raise ValueError(
+        raise UserInputError(
             f"Model {name!r} needs images of at least {spec.min_size}x{spec.min_size}; the "
             f"dataset gives {height}x{width}. Resize with --image-size {spec.min_size} "
             f"(image_size={spec.min_size}). Received: input_shape={tuple(input_shape)!r}")
@@ -244,7 +246,7 @@ def build_model(
         A functional ``keras.Model`` named ``name``.
 
     Raises:
-        ValueError: unknown name (valid ones listed), images too small for
+        UserInputError: unknown name (valid ones listed), images too small for
             it, fewer than 2 classes, or a bad ``shortcut``.
 
     Example:
@@ -254,13 +256,13 @@ def build_model(
     """
     check_input(name, input_shape)
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
-        raise ValueError(
+        raise UserInputError(
             f"`num_classes` must be an integer >= 2. Received: num_classes={num_classes!r}")
     if shortcut not in ("A", "B"):
-        raise ValueError(f"`shortcut` must be 'A' or 'B'. Received: shortcut={shortcut!r}")
+        raise UserInputError(f"`shortcut` must be 'A' or 'B'. Received: shortcut={shortcut!r}")
     if augment not in MODEL_AUGMENTS:
-        raise ValueError("`augment` must be one of "
-                         f"{', '.join(map(repr, MODEL_AUGMENTS))}. Received: augment={augment!r}")
+        raise UserInputError(f"`augment` must be one of {', '.join(map(repr, MODEL_AUGMENTS))}. "
+                             f"Received: augment={augment!r}")
     import keras
     from keras import layers
 
@@ -279,8 +281,8 @@ def build_model(
             model.get_layer("backbone").set_weights(pretrained)
         return model
     if pretrained is not None:
-        raise ValueError(f"Pretrained weights need a keras.applications model; {name!r} has "
-                         f"no backbone. Received: model={name!r}")
+        raise UserInputError(f"Pretrained weights need a keras.applications model; {name!r} has "
+                             f"no backbone. Received: model={name!r}")
     inputs = keras.Input(shape=tuple(int(d) for d in input_shape), name="image")
     x = first(inputs)
     if name == "cnn":

@@ -18,6 +18,7 @@ from typing import Any
 
 from mirrorkit import _env
 from mirrorkit.datasets import parse_spec
+from mirrorkit.errors import UserInputError
 from mirrorkit.training.config import TrainConfig
 
 # What a finished or interrupted run leaves in its output directory.
@@ -90,7 +91,7 @@ def check_output(config: TrainConfig) -> Path:
         # starts over in the same folder; nothing of value is there yet.)
         found = [name for name in RUN_FILES if (path / name).exists()]
         if found:
-            raise ValueError(
+            raise UserInputError(
                 f"{path} already holds a run ({', '.join(found)}); pass --resume (resume=True) "
                 f"to continue it, or choose another --output. Nothing was changed. "
                 f"Received: {shown}")

@@ -16,6 +16,7 @@ import logging
 from typing import Any
 
 from mirrorkit.data import BatchSize, resolve_batch
+from mirrorkit.errors import UserInputError
 from mirrorkit.training.config import BASE_BATCH, DEFAULT_PER_REPLICA_BATCH, TrainConfig
 
 logger = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ def make_plan(config: TrainConfig, *, train_examples: int, val_examples: int, re
         A :class:`TrainPlan`.
 
     Raises:
-        ValueError: a batch larger than the data, or a steps_per_execution
+        UserInputError: a batch larger than the data, or a steps_per_execution
             that cannot run here.
 
     Example:
@@ -132,7 +133,7 @@ def resolve_accumulation(config: TrainConfig, replicas: int) -> tuple[BatchSize,
     global batch into K micro-batches; either alone is as without accumulation.
 
     Raises:
-        ValueError: the three numbers do not fit (named, with what would).
+        UserInputError: the three numbers do not fit (named, with what would).
 
     Example:
         >>> batch, k = resolve_accumulation(
@@ -179,7 +180,7 @@ def _check_accumulation_works(k: int) -> None:
 
     if k > 1 and compat.decisions()["gradient-accumulation"]["status"] in (compat.DISABLED,
                                                                             compat.UNAVAILABLE):
-        raise ValueError(
+        raise UserInputError(
             "Gradient accumulation fails in Keras 3 under tf.distribute (keras#20582) and "
             "mirrorkit's 'gradient-accumulation' compat fix is off or cannot apply here "
             "(MIRRORKIT_COMPAT / MIRRORKIT_COMPAT_DISABLE, `mirrorkit info`). "
@@ -236,7 +237,7 @@ def _steps_per_execution(config: TrainConfig, steps: int, replicas: int) -> int:
                            "(keras#19246) with %d replicas, which cannot apply to this Keras; "
                            "using 1 step per call.", config.steps_per_execution, replicas)
             return 1
-        raise ValueError(
+        raise UserInputError(
             "steps_per_execution > 1 fails in Keras 3 fit under a strategy with 2+ replicas "
             "(keras-team/keras#19246) and mirrorkit's 'multi-step' compat fix is disabled "
             f"(MIRRORKIT_COMPAT / MIRRORKIT_COMPAT_DISABLE); use 1 here ({replicas} replicas). "
@@ -246,7 +247,7 @@ def _steps_per_execution(config: TrainConfig, steps: int, replicas: int) -> int:
 
 def _require(ok: bool, message: str) -> None:
     if not ok:
-        raise ValueError(message)
+        raise UserInputError(message)
 
 
 def _validation_plan(batch: BatchSize, val_examples: int, spe: int,

@@ -42,7 +42,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
-from mirrorkit.errors import RunError
+from mirrorkit.errors import RunError, UserInputError
 from mirrorkit.training.backbones import Application, make_backbone
 from mirrorkit.training.file_turns import taking_turns
 
@@ -56,18 +56,18 @@ def check_weights_spec(spec: Any) -> str:
     """Validate ``--weights`` without touching the file system or TensorFlow.
 
     Raises:
-        ValueError: anything but ``imagenet`` or a path ending in
+        UserInputError: anything but ``imagenet`` or a path ending in
             ``.h5`` (``.weights.h5``) or ``.keras``.
 
     Example:
         >>> check_weights_spec("backbone.pt")
         Traceback (most recent call last):
         ...
-        ValueError: `weights` must be 'imagenet', a backbone's .weights.h5 (or Keras's ImageNet .h5) file or a .keras model. Received: weights='backbone.pt'
+        mirrorkit.errors.UserInputError: `weights` must be 'imagenet', a backbone's .weights.h5 (or Keras's ImageNet .h5) file or a .keras model. Received: weights='backbone.pt'
     """
     if not isinstance(spec, str) or not (spec == IMAGENET or spec.endswith(_SUFFIXES)):
-        raise ValueError(f"`weights` must be 'imagenet', a backbone's .weights.h5 (or Keras's "
-                         f"ImageNet .h5) file or a .keras model. Received: weights={spec!r}")
+        raise UserInputError(f"`weights` must be 'imagenet', a backbone's .weights.h5 (or Keras's "
+                             f"ImageNet .h5) file or a .keras model. Received: weights={spec!r}")
     return spec
 
 
@@ -79,7 +79,7 @@ def backbone_arrays(spec: str, app: Application, image_size: tuple[int, int]) ->
 
     Raises:
         FileNotFoundError: the file is missing.
-        ValueError: the file does not fit the backbone (expected and found named).
+        UserInputError: the file does not fit the backbone (expected and found named).
         RunError: the ImageNet weights could not be downloaded.
 
     Example:
@@ -103,9 +103,9 @@ def backbone_arrays(spec: str, app: Application, image_size: tuple[int, int]) ->
             warnings.simplefilter("ignore", UserWarning)
             backbone.load_weights(str(path))
     except Exception as err:  # noqa: BLE001 -- h5py/Keras mismatch errors vary by version
-        raise ValueError(f"--weights {spec} does not fit {app.name}: expected "
-                         f"{_describe(backbone, app, image_size)}; found {_h5_contents(path)} "
-                         f"({_first_line(err)})") from err
+        raise UserInputError(f"--weights {spec} does not fit {app.name}: expected "
+                             f"{_describe(backbone, app, image_size)}; found {_h5_contents(path)} "
+                             f"({_first_line(err)})") from err
     return backbone.get_weights()
 
 
@@ -116,8 +116,10 @@ def _download(app: Application, image_size: tuple[int, int]) -> Any:
             # harmless for a backbone without its top.
             warnings.simplefilter("ignore", UserWarning)
             return make_backbone(app, image_size, weights=IMAGENET)
-    except ValueError:
-        raise  # Keras's own argument errors (e.g. an image size it has no weights for)
+    except ValueError as err:
+        # Keras's own argument errors (e.g. an image size it has no weights for):
+        # about the user's --model and --image-size, so their one line.
+        raise UserInputError(str(err)) from err
     except Exception as err:  # noqa: BLE001 -- get_file raises a bare Exception
         text = " ".join(str(err).split())
         found = re.search(r"https?://\S+?(?=:?\s|$)", text)
@@ -142,9 +144,9 @@ def _from_model_file(path: Path, backbone: Any, app: Application,
     try:
         saved = keras.models.load_model(str(path), compile=False)
     except Exception as err:  # noqa: BLE001 -- zip/JSON/deserialisation errors
-        raise ValueError(f"--weights {path} is not a loadable .keras model "
-                         f"({_first_line(err)}); expected a model holding "
-                         f"{_describe(backbone, app, image_size)}") from err
+        raise UserInputError(f"--weights {path} is not a loadable .keras model "
+                             f"({_first_line(err)}); expected a model holding "
+                             f"{_describe(backbone, app, image_size)}") from err
     want = [tuple(w.shape) for w in backbone.weights]
     candidates = [saved, *_nested(saved)]
     for candidate in candidates:
@@ -152,8 +154,8 @@ def _from_model_file(path: Path, backbone: Any, app: Application,
             return candidate.get_weights()
     found = "; ".join(f"{c.name!r}: {len(c.weights)} arrays, {_values(c):,} values"
                       for c in candidates[:4])
-    raise ValueError(f"--weights {path} does not fit {app.name}: expected a model or "
-                     f"sub-model with {_describe(backbone, app, image_size)}; found {found}")
+    raise UserInputError(f"--weights {path} does not fit {app.name}: expected a model or "
+                         f"sub-model with {_describe(backbone, app, image_size)}; found {found}")
 
 
 def _nested(model: Any) -> Iterator[Any]:

@@ -56,13 +56,13 @@ class Rollback(keras.callbacks.Callback):
             and ``lr_factor`` (the total factor so far).
 
     Raises:
-        ValueError: ``max_rollbacks`` negative, ``lr_factor`` not in (0, 1].
+        UserInputError: ``max_rollbacks`` negative, ``lr_factor`` not in (0, 1].
 
     Example:
         >>> Rollback(lr_factor=2.0)
         Traceback (most recent call last):
         ...
-        ValueError: `rollback_lr_factor` must be above 0 and at most 1. Received: rollback_lr_factor=2.0
+        mirrorkit.errors.UserInputError: `rollback_lr_factor` must be above 0 and at most 1. Received: rollback_lr_factor=2.0
     """
 
     def __init__(self, max_rollbacks: int = 2, lr_factor: float = 0.5, *,

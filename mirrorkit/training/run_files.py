@@ -3,7 +3,7 @@
 A run folder outlives the process that wrote it: it is copied, edited by
 hand, cut short by a full disk or a killed writer. Every field a reader
 uses is checked here (type and range) before anything is printed or
-written, so a bad file gives one ``ValueError`` line naming the file, the
+written, so a bad file gives one ``UserInputError`` line naming the file, the
 field and the value, never a traceback from deep inside a summary or a plot.
 Fields a reader does not use are left alone, and a field that is absent
 stays absent (older runs lack some): only a present value must be valid.
@@ -14,7 +14,7 @@ Example:
     >>> check_metrics({"accumulate": "abc"}, "m.json")
     Traceback (most recent call last):
     ...
-    ValueError: m.json: `accumulate` must be an integer >= 1 or null. Received: accumulate='abc'
+    mirrorkit.errors.UserInputError: m.json: `accumulate` must be an integer >= 1 or null. Received: accumulate='abc'
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import os
 import zipfile
 from pathlib import Path
 from typing import Any
+
+from mirrorkit.errors import UserInputError
 
 __all__ = ["read_metrics", "check_metrics", "read_history", "check_rates", "check_events",
            "check_model_archive"]
@@ -46,8 +48,8 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _bad(source: str, field: str, what: str, value: Any) -> ValueError:
-    return ValueError(f"{source}: `{field}` must be {what}. Received: {field}={_short(value)}")
+def _bad(source: str, field: str, what: str, value: Any) -> UserInputError:
+    return UserInputError(f"{source}: `{field}` must be {what}. Received: {field}={_short(value)}")
 
 
 def _is_int(value: Any) -> bool:
@@ -110,8 +112,8 @@ def _items(source: str, field: str, value: Any, kind: type, what: str) -> list[A
 def _fields(source: str, prefix: str, record: dict[str, Any], names: tuple[str, ...]) -> None:
     missing = [name for name in names if name not in record]
     if missing:
-        raise ValueError(f"{source}: `{prefix}` lacks {', '.join(missing)} (it has "
-                         f"{', '.join(sorted(record)) or 'nothing'})")
+        raise UserInputError(f"{source}: `{prefix}` lacks {', '.join(missing)} (it has "
+                             f"{', '.join(sorted(record)) or 'nothing'})")
 
 
 # The top-level fields the report shows, by kind; bounds are what `mirrorkit train` can write.
@@ -130,18 +132,18 @@ def check_metrics(metrics: Any, source: str) -> dict[str, Any]:
         source: how errors name the file.
 
     Raises:
-        ValueError: one line naming ``source``, the field (``incidents[0].loss``) and the value.
+        UserInputError: one line naming ``source``, the field (``incidents[0].loss``) and the value.
 
     Example:
         >>> check_metrics({"per_worker": [{"epoch": 1, "worker_step_ms": [0], "stragglers": []}]},
         ...               "m.json")
         Traceback (most recent call last):
         ...
-        ValueError: m.json: `per_worker[0].worker_step_ms[0]` must be a number > 0. Received: per_worker[0].worker_step_ms[0]=0
+        mirrorkit.errors.UserInputError: m.json: `per_worker[0].worker_step_ms[0]` must be a number > 0. Received: per_worker[0].worker_step_ms[0]=0
     """
     if not isinstance(metrics, dict):
-        raise ValueError(f"{source} must hold a JSON object (what `mirrorkit train` writes). "
-                         f"Received: {type(metrics).__name__} {_short(metrics)}")
+        raise UserInputError(f"{source} must hold a JSON object (what `mirrorkit train` writes). "
+                             f"Received: {type(metrics).__name__} {_short(metrics)}")
     m = metrics
     for name in _TEXTS:
         _text(source, name, m.get(name), null=True)
@@ -219,7 +221,7 @@ def read_metrics(path: Path) -> dict[str, Any]:
     """Read and check ``metrics.json`` (:func:`check_metrics`).
 
     Raises:
-        ValueError: not UTF-8 JSON, or a field of the wrong type or range.
+        UserInputError: not UTF-8 JSON, or a field of the wrong type or range.
 
     Example:
         >>> read_metrics(Path("runs/a/metrics.json"))["epochs"]      # doctest: +SKIP
@@ -228,8 +230,8 @@ def read_metrics(path: Path) -> dict[str, Any]:
     try:
         metrics = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, RecursionError) as err:   # RecursionError: absurdly nested JSON
-        raise ValueError(f"{path} is not valid JSON ({_one_line(err)}); it is what "
-                         "`mirrorkit train` wrote, or a copy of it.") from err
+        raise UserInputError(f"{path} is not valid JSON ({_one_line(err)}); it is what "
+                             "`mirrorkit train` wrote, or a copy of it.") from err
     return check_metrics(metrics, str(path))
 
 
@@ -245,7 +247,7 @@ def read_history(path: Path) -> list[dict[str, float]]:
     ``epoch`` a whole number >= 0.
 
     Raises:
-        ValueError: one line naming the file, the line number, the column and the value.
+        UserInputError: one line naming the file, the line number, the column and the value.
 
     Example:
         >>> read_history(Path("runs/a/history.csv"))[0]["loss"]       # doctest: +SKIP
@@ -255,8 +257,8 @@ def read_history(path: Path) -> list[dict[str, float]]:
         with open(path, newline="", encoding="utf-8") as f:
             rows = list(csv.reader(f))
     except (ValueError, csv.Error) as err:
-        raise ValueError(f"{path} is not a CSV file ({_one_line(err)}); it is the per-epoch "
-                         "log `mirrorkit train` wrote.") from err
+        raise UserInputError(f"{path} is not a CSV file ({_one_line(err)}); it is the per-epoch "
+                             "log `mirrorkit train` wrote.") from err
     if not rows:
         return []
     header, history = rows[0], []
@@ -264,9 +266,9 @@ def read_history(path: Path) -> list[dict[str, float]]:
         if not row:
             continue
         if len(row) != len(header):
-            raise ValueError(f"{path} line {line} has {len(row)} fields, the header has "
-                             f"{len(header)} ({','.join(header)}): two rows fused on one line "
-                             "or a row cut short. Fix or delete that line.")
+            raise UserInputError(f"{path} line {line} has {len(row)} fields, the header has "
+                                 f"{len(header)} ({','.join(header)}): two rows fused on one line "
+                                 "or a row cut short. Fix or delete that line.")
         values = {}
         for name, text in zip(header, row):
             if text.strip() in _MISSING:
@@ -274,12 +276,12 @@ def read_history(path: Path) -> list[dict[str, float]]:
             try:
                 values[name] = float(text)
             except ValueError:
-                raise ValueError(f"{path} line {line}: `{name}` must be a number or NA. "
-                                 f"Received: {name}={_short(text)}") from None
+                raise UserInputError(f"{path} line {line}: `{name}` must be a number or NA. "
+                                     f"Received: {name}={_short(text)}") from None
         epoch = values.get("epoch")
         if epoch is not None and not (math.isfinite(epoch) and epoch >= 0 and epoch.is_integer()):
-            raise ValueError(f"{path} line {line}: `epoch` must be a whole number >= 0. "
-                             f"Received: epoch={_short(row[header.index('epoch')])}")
+            raise UserInputError(f"{path} line {line}: `epoch` must be a whole number >= 0. "
+                                 f"Received: epoch={_short(row[header.index('epoch')])}")
         history.append(values)
     return history
 
@@ -291,20 +293,20 @@ def check_rates(metrics: dict[str, Any], history: list[dict[str, float]], folder
     means rows were lost or fused.
 
     Raises:
-        ValueError: more rates than rows.
+        UserInputError: more rates than rows.
 
     Example:
         >>> check_rates({"images_per_second_by_epoch": [1.0, 2.0]}, [{"epoch": 0.0}], Path("r"))
         Traceback (most recent call last):
         ...
-        ValueError: r/history.csv has 1 epoch row(s) but r/metrics.json `images_per_second_by_epoch` has 2 (one per epoch trained): rows of history.csv were lost or fused.
+        mirrorkit.errors.UserInputError: r/history.csv has 1 epoch row(s) but r/metrics.json `images_per_second_by_epoch` has 2 (one per epoch trained): rows of history.csv were lost or fused.
     """
     rates = metrics.get("images_per_second_by_epoch") or []
     if history and len(rates) > len(history):
-        raise ValueError(f"{folder / 'history.csv'} has {len(history)} epoch row(s) but "
-                         f"{folder / 'metrics.json'} `images_per_second_by_epoch` has "
-                         f"{len(rates)} (one per epoch trained): rows of history.csv were "
-                         "lost or fused.")
+        raise UserInputError(f"{folder / 'history.csv'} has {len(history)} epoch row(s) but "
+                             f"{folder / 'metrics.json'} `images_per_second_by_epoch` has "
+                             f"{len(rates)} (one per epoch trained): rows of history.csv were "
+                             "lost or fused.")
 
 
 def check_events(events: list[dict[str, Any]], source: str) -> list[dict[str, Any]]:
@@ -314,7 +316,7 @@ def check_events(events: list[dict[str, Any]], source: str) -> list[dict[str, An
         >>> check_events([{"event": "restart", "attempt": "2", "reason": "x"}], "e.jsonl")
         Traceback (most recent call last):
         ...
-        ValueError: e.jsonl: `restart.attempt` must be an integer >= 1. Received: restart.attempt='2'
+        mirrorkit.errors.UserInputError: e.jsonl: `restart.attempt` must be an integer >= 1. Received: restart.attempt='2'
     """
     for event in events:
         if event.get("event") == "restart":
@@ -327,15 +329,15 @@ def check_model_archive(path: Path) -> None:
     """``path`` is a whole ``.keras`` archive: a zip with Keras's config, every member intact.
 
     Raises:
-        ValueError: empty, truncated, not a zip / not a Keras archive, or a damaged member.
+        UserInputError: empty, truncated, not a zip / not a Keras archive, or a damaged member.
 
     Example:
         >>> check_model_archive(Path("runs/a/model.keras"))              # doctest: +SKIP
     """
     size = os.path.getsize(path)
     if size == 0:
-        raise ValueError(f"{path} is empty (0 bytes): the save that wrote it did not finish. "
-                         f"{_REMEDY}")
+        raise UserInputError(f"{path} is empty (0 bytes): the save that wrote it did not finish. "
+                             f"{_REMEDY}")
     with open(path, "rb") as f:
         head = f.read(4)
     if not zipfile.is_zipfile(path):
@@ -343,16 +345,16 @@ def check_model_archive(path: Path) -> None:
                 f"{size} bytes)" if head == b"PK\x03\x04" else
                 "is not a Keras archive (a .keras file is a zip archive; this one starts with "
                 f"{head!r})")
-        raise ValueError(f"{path} {what}. {_REMEDY}")
+        raise UserInputError(f"{path} {what}. {_REMEDY}")
     try:
         with zipfile.ZipFile(path) as archive:
             names = set(archive.namelist())
             lacking = [n for n in _KERAS_MEMBERS if n not in names]
             if lacking:
-                raise ValueError(f"{path} is not a Keras archive: a zip without "
-                                 f"{', '.join(lacking)}.")
+                raise UserInputError(f"{path} is not a Keras archive: a zip without "
+                                     f"{', '.join(lacking)}.")
             damaged = archive.testzip()
     except (zipfile.BadZipFile, OSError, EOFError) as err:
-        raise ValueError(f"{path} is damaged ({_one_line(err)}). {_REMEDY}") from err
+        raise UserInputError(f"{path} is damaged ({_one_line(err)}). {_REMEDY}") from err
     if damaged is not None:
-        raise ValueError(f"{path} is damaged: {damaged} fails its checksum. {_REMEDY}")
+        raise UserInputError(f"{path} is damaged: {damaged} fails its checksum. {_REMEDY}")

@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mirrorkit.errors import MissingDependency
+from mirrorkit.errors import MissingDependency, UserInputError
 from mirrorkit.training import run_files
 from mirrorkit.training.events import EVENTS_FILE, read_events
 
@@ -54,20 +54,20 @@ def load_run(path: str | os.PathLike) -> Run:
     """Read a run directory, every field the report uses checked (:mod:`.run_files`).
 
     Raises:
-        ValueError: one line, when it is not a run or a file holds a bad field
+        UserInputError: one line, when it is not a run or a file holds a bad field
             (naming the file, the field and the value).
 
     Example:
         >>> load_run("surely/not/a/run")
         Traceback (most recent call last):
         ...
-        ValueError: Not a mirrorkit run: surely/not/a/run has no metrics.json ...
+        mirrorkit.errors.UserInputError: Not a mirrorkit run: surely/not/a/run has no metrics.json ...
     """
     path = Path(path)
     metrics_file = path / "metrics.json"
     if not metrics_file.is_file():
-        raise ValueError(f"Not a mirrorkit run: {path} has no metrics.json (a run directory is "
-                         f"what `mirrorkit train --output DIR` wrote). Received: {str(path)!r}")
+        raise UserInputError(f"Not a mirrorkit run: {path} has no metrics.json (a run directory is "
+                             f"what `mirrorkit train --output DIR` wrote). Received: {str(path)!r}")
     # Every field the summary and the plot use is checked here, before anything is printed.
     metrics = run_files.read_metrics(metrics_file)
     history = run_files.read_history(path / "history.csv") \
@@ -76,8 +76,8 @@ def load_run(path: str | os.PathLike) -> Run:
     try:
         events = read_events(path / EVENTS_FILE)
     except (ValueError, RecursionError) as err:   # not UTF-8, or absurdly nested JSON
-        raise ValueError(f"{path / EVENTS_FILE} cannot be read as an event log "
-                         f"({' '.join(str(err).split())[:200]})") from err
+        raise UserInputError(f"{path / EVENTS_FILE} cannot be read as an event log "
+                             f"({' '.join(str(err).split())[:200]})") from err
     return Run(path, metrics, history, run_files.check_events(events, str(path / EVENTS_FILE)))
 
 
@@ -183,7 +183,7 @@ def check_png(runs: list[Run], png: str | os.PathLike | None) -> Path | None:
     text alone (a base install has no matplotlib).
 
     Raises:
-        ValueError: ``png`` is a folder, or its folder does not exist.
+        UserInputError: ``png`` is a folder, or its folder does not exist.
         MissingDependency: ``png`` was asked for and matplotlib is not installed.
 
     Example:
@@ -199,10 +199,10 @@ def check_png(runs: list[Run], png: str | os.PathLike | None) -> Path | None:
     _pyplot()
     png = Path(png)
     if png.is_dir():
-        raise ValueError(f"--png must name a file, not a folder. Received: --png={str(png)!r}")
+        raise UserInputError(f"--png must name a file, not a folder. Received: --png={str(png)!r}")
     if not png.parent.is_dir():
-        raise ValueError(f"--png's folder {str(png.parent)!r} does not exist; create it or "
-                         f"pick another path. Received: --png={str(png)!r}")
+        raise UserInputError(f"--png's folder {str(png.parent)!r} does not exist; create it or "
+                             f"pick another path. Received: --png={str(png)!r}")
     return png
 
 

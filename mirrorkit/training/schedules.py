@@ -30,13 +30,14 @@ from typing import Any
 import keras
 
 from mirrorkit._checks import check_positive_int
+from mirrorkit.errors import UserInputError
 
 _RULES = ("linear", "sqrt", "none")
 
 
 def _positive_number(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
-        raise ValueError(f"`{name}` must be a positive number. Received: {name}={value!r}")
+        raise UserInputError(f"`{name}` must be a positive number. Received: {name}={value!r}")
     return float(value)
 
 
@@ -56,7 +57,7 @@ def scale_learning_rate(base_lr: float, base_batch: int, global_batch: int,
         The scaled learning rate.
 
     Raises:
-        ValueError: for an unknown rule or a non-positive number.
+        UserInputError: for an unknown rule or a non-positive number.
 
     Example:
         >>> scale_learning_rate(0.1, 256, 512)
@@ -65,7 +66,7 @@ def scale_learning_rate(base_lr: float, base_batch: int, global_batch: int,
         0.002
     """
     if rule not in _RULES:
-        raise ValueError(
+        raise UserInputError(
             f"Unknown learning-rate scaling rule. Received: rule={rule!r}; "
             f"accepted: {', '.join(_RULES)}"
         )
@@ -112,7 +113,7 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
             the wrapped schedule in optimizer steps. Defaults to 1.
 
     Raises:
-        ValueError: for a negative or non-integer ``warmup_steps``, a negative
+        UserInputError: for a negative or non-integer ``warmup_steps``, a negative
             ``initial_lr``, or a ``schedule`` that is neither a number nor a
             LearningRateSchedule.
 
@@ -134,18 +135,18 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         is_schedule = isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule)
         if not is_schedule and (isinstance(schedule, bool)
                                 or not isinstance(schedule, numbers.Real) or schedule < 0):
-            raise ValueError(
+            raise UserInputError(
                 "`schedule` must be a non-negative learning rate or a keras "
                 f"LearningRateSchedule. Received: schedule={schedule!r}"
             )
         if (isinstance(warmup_steps, bool) or not isinstance(warmup_steps, numbers.Integral)
                 or warmup_steps < 0):
-            raise ValueError(
+            raise UserInputError(
                 f"`warmup_steps` must be a non-negative integer. Received: "
                 f"warmup_steps={warmup_steps!r}"
             )
         if isinstance(initial_lr, bool) or not isinstance(initial_lr, numbers.Real) or initial_lr < 0:
-            raise ValueError(
+            raise UserInputError(
                 f"`initial_lr` must be a non-negative number. Received: initial_lr={initial_lr!r}"
             )
         self.schedule = schedule if is_schedule else float(schedule)

@@ -22,20 +22,22 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from mirrorkit.errors import UserInputError
+
 FORMATS = ("saved_model",)
 SIGNATURE = "serving_default"
 
 
 def check_format(fmt: str) -> str:
-    """Return ``fmt`` if it is an export format mirrorkit writes, else raise ValueError.
+    """Return ``fmt`` if it is an export format mirrorkit writes, else raise UserInputError.
 
     Example:
         >>> check_format("saved_model")
         'saved_model'
     """
     if fmt not in FORMATS:
-        raise ValueError(f"Unknown export format. Received: format={fmt!r}; "
-                         f"accepted: {', '.join(FORMATS)}")
+        raise UserInputError(f"Unknown export format. Received: format={fmt!r}; "
+                             f"accepted: {', '.join(FORMATS)}")
     return fmt
 
 

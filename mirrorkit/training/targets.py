@@ -22,6 +22,7 @@ import operator
 import re
 from typing import Any, Mapping, Sequence
 
+from mirrorkit.errors import UserInputError
 from mirrorkit.protocol import TARGET_MISSED_PREFIX, ExitCode, format_target_missed
 
 # Distinct from errors (1) and usage errors (2); the launcher-to-worker
@@ -73,7 +74,7 @@ def parse_target(text: str) -> Target:
     """Parse ``METRIC OP NUMBER`` (OP one of >=, <=, >, <) naming a metrics.json number.
 
     Raises:
-        ValueError: one line naming what was wrong and what is accepted.
+        UserInputError: one line naming what was wrong and what is accepted.
 
     Example:
         >>> parse_target("images_per_second > 2000")
@@ -81,20 +82,20 @@ def parse_target(text: str) -> Target:
     """
     found = _FORM.match(text) if isinstance(text, str) else None
     if found is None:
-        raise ValueError(
+        raise UserInputError(
             "A target must read METRIC>=NUMBER (operators >=, <=, >, <), e.g. "
             f"'val_accuracy>=0.95'. Received: target={text!r}")
     metric, op, number = found.groups()
     if metric not in METRICS:
-        raise ValueError(f"Unknown metric {metric!r} in target {text!r}; targets can name "
-                         f"any number in metrics.json: {', '.join(METRICS)}")
+        raise UserInputError(f"Unknown metric {metric!r} in target {text!r}; targets can name "
+                             f"any number in metrics.json: {', '.join(METRICS)}")
     try:
         threshold = float(number)
     except ValueError:
         threshold = math.nan
     if not math.isfinite(threshold):
-        raise ValueError(f"The threshold of target {text!r} must be a finite number. "
-                         f"Received: {number!r}")
+        raise UserInputError(f"The threshold of target {text!r} must be a finite number. "
+                             f"Received: {number!r}")
     return Target(metric, op, threshold)
 
 

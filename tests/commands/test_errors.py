@@ -1,9 +1,10 @@
 """A user's mistake is one line; a bug in mirrorkit keeps its traceback and asks for a report.
 
-Through real commands (``mirrorkit report``, ``mirrorkit tf-config``), in
-process with ``CliRunner`` and as a subprocess of the real entry point. The
-internal errors are provoked by making one of mirrorkit's own library
-functions raise.
+Through real commands (``mirrorkit report``, ``mirrorkit tf-config``,
+``mirrorkit launch``, ``mirrorkit bench``), in process with ``CliRunner`` and
+as a subprocess of the real entry point. The internal errors are provoked by
+making one of mirrorkit's own library functions raise; a plain ``ValueError``
+(an unpacking bug) is one of them, only :class:`UserInputError` is the user's.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from conftest import clean_env
 
 from mirrorkit.cli import cli
 from mirrorkit.commands._common import USER_ERRORS, bug_reports
-from mirrorkit.errors import MissingDependency, RunError
+from mirrorkit.distribute import cluster
+from mirrorkit.errors import MissingDependency, RunError, UserInputError
 from mirrorkit.training import run_report
 
 BUG_LINE = "This is a bug in mirrorkit"
@@ -42,16 +44,39 @@ def _lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
 
-def test_user_errors_are_the_explicit_types_not_bare_runtime_or_import_errors():
-    assert RunError in USER_ERRORS and MissingDependency in USER_ERRORS
-    assert RuntimeError not in USER_ERRORS and ImportError not in USER_ERRORS
+@pytest.mark.fast
+def test_user_errors_are_the_explicit_types_not_bare_value_runtime_or_import_errors():
+    assert {UserInputError, RunError, MissingDependency} <= set(USER_ERRORS)
+    assert not {ValueError, RuntimeError, ImportError} & set(USER_ERRORS)
     # Callers that catch the builtins still catch the new types.
+    assert issubclass(UserInputError, ValueError)
     assert issubclass(RunError, RuntimeError) and issubclass(MissingDependency, ImportError)
 
+    # A plain ValueError (an unpacking bug) is none of them.
+    def pair(values):
+        first, second = values
+        return first, second
 
+    with pytest.raises(ValueError) as caught:
+        pair((1, 2, 3))
+    assert not isinstance(caught.value, USER_ERRORS)
+
+
+@pytest.mark.fast
 @pytest.mark.parametrize("args, start", [
     (["report", "surely/not/a/run"], "Error: Not a mirrorkit run: surely/not/a/run"),
-    (["tf-config", "--workers", "a:1,b:2", "--index", "5"], "Error: "),
+    (["tf-config", "--workers", "a:1,b:2", "--index", "5"],
+     "Error: TF_CONFIG field 'task.index' is out of range"),
+    (["tf-config", "--workers", "a:1,b", "--index", "0"],
+     "Error: cluster.worker[1] must be 'host:port'"),
+    (["tf-config", "--workers", "a:1", "--index", "0", "--type", "chief"],
+     "Error: task_type='chief' needs the chief's address"),
+    (["launch", "--", "python", "x.py"], "Error: Missing -n/--nproc"),
+    (["launch", "-n", "2", "--hosts", "a b", "--", "python", "x.py"],
+     "Error: `hosts` entries must be HOST or HOST:PORT"),
+    (["launch", "-n", "2", "--max-restarts", "0", "--min-workers", "1", "--", "python", "x.py"],
+     "Error: `min_workers` (--min-workers) continues after a loss"),
+    (["bench", "--replicas", "1,x"], "Error: `replicas` must be a comma-separated list"),
 ])
 def test_a_user_mistake_is_exactly_one_line(args, start):
     result = CliRunner().invoke(cli, args)
@@ -75,9 +100,11 @@ def test_a_usage_mistake_keeps_status_2():
     assert len(_lines(proc.stderr)) == 1 and "Traceback" not in proc.stderr
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("error", [RuntimeError("the step counter went backwards"),
                                    ImportError("cannot import name 'x' from 'mirrorkit.y'"),
-                                   KeyError("epoch")])
+                                   KeyError("epoch"),
+                                   ValueError("too many values to unpack (expected 2)")])
 def test_an_internal_error_shows_its_traceback_and_the_bug_line(monkeypatch, run_dir, error):
     def broken(run):
         raise error
@@ -93,6 +120,39 @@ def test_an_internal_error_shows_its_traceback_and_the_bug_line(monkeypatch, run
     assert last.startswith(f"Error: {type(error).__name__}: "), last
     assert BUG_LINE in last and "mirrorkit info --json" in last
     assert not (run_dir / "report.png").exists()
+
+
+@pytest.mark.fast
+def test_an_unpacking_bug_inside_mirrorkit_is_a_bug_report_not_one_line(monkeypatch):
+    # A real unpacking bug (not a raised stand-in) in a library function that
+    # `mirrorkit tf-config` calls: a plain ValueError, so not the user's mistake.
+    def parse_hosts(text):
+        first, second = text.split(",")   # three hosts: too many values to unpack
+        return [first, second]
+
+    monkeypatch.setattr(cluster, "parse_hosts", parse_hosts)
+    result = CliRunner().invoke(cli, ["tf-config", "--workers", "a:1,b:2,c:3", "--index", "0"])
+    assert result.exit_code == 1, result.output
+    err = result.stderr
+    assert err.startswith("Traceback (most recent call last):"), err
+    assert "in parse_hosts" in err
+    assert "ValueError: too many values to unpack (expected 2)\n" in err
+    last = _lines(err)[-1]
+    assert last.startswith("Error: ValueError: too many values to unpack (expected 2). "
+                           + BUG_LINE), last
+    assert "mirrorkit info --json" in last and result.stdout == ""
+
+
+@pytest.mark.fast
+def test_a_user_input_error_from_the_library_stays_one_line(monkeypatch):
+    # The same place raising the dedicated type is the user's mistake again.
+    def parse_hosts(text):
+        raise UserInputError(f"The worker list is odd. Received: workers={text!r}")
+
+    monkeypatch.setattr(cluster, "parse_hosts", parse_hosts)
+    result = CliRunner().invoke(cli, ["tf-config", "--workers", "a:1", "--index", "0"])
+    assert result.exit_code == 1, result.output
+    assert _lines(result.stderr) == ["Error: The worker list is odd. Received: workers='a:1'"]
 
 
 def test_an_internal_error_through_the_real_entry_point(run_dir):
