@@ -12,6 +12,13 @@ Usage (from the repository root)::
     python tools/compat_matrix.py                                 # the tested pairs below
     python tools/compat_matrix.py --pairs 2.20.0:3.15.1 --tests tests/compat
     python tools/compat_matrix.py --install-only                  # prepare the venvs
+    python tools/compat_matrix.py --pairs nightly                 # constraints/nightly.txt
+
+``nightly`` is the pair pinned in ``constraints/nightly.txt`` (``tf-nightly``
+and ``keras-nightly``, whose distributions are not named ``tensorflow`` and
+``keras``): mirrorkit goes in with ``--no-deps`` over them, then its other
+requirements and the test extra's (without Ray), read from ``pyproject.toml``.
+``.ci/run`` runs this pair after the suite.
 
 Example:
     >>> parse_pairs("2.21.0:3.15.1,2.19.1")
@@ -37,6 +44,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # (None: let pip choose).
 DEFAULT_PAIRS = "2.21.0:3.15.1,2.20.0,2.19.1"
 DEFAULT_TESTS = ("tests/compat", "tests/distribute/test_equivalence.py")
+NIGHTLY = "nightly"
+NIGHTLY_CONSTRAINTS = ROOT / "constraints" / "nightly.txt"
+# Provided by the nightlies themselves, or not wanted in their venv (Ray: its own tests).
+_NOT_FOR_NIGHTLY = ("tensorflow", "keras", "ray")
 
 
 def parse_pairs(text: str) -> list[tuple[str, str | None]]:
@@ -58,7 +69,39 @@ def parse_pairs(text: str) -> list[tuple[str, str | None]]:
 def _venv(tf_version: str, keras_version: str | None) -> Path:
     # MIRRORKIT_MATRIX_DIR lets another checkout reuse prepared venvs.
     base = Path(os.environ.get("MIRRORKIT_MATRIX_DIR", ROOT / ".matrix"))
+    if tf_version == NIGHTLY:
+        # New pins, new venv: the folder is named after the pinned versions.
+        return base / ("nightly-" + "-".join(_nightly_pins()).replace("==", ""))
     return base / f"tf{tf_version}-keras{keras_version or 'auto'}"
+
+
+def _nightly_pins() -> list[str]:
+    return [line.split("#")[0].strip() for line in NIGHTLY_CONSTRAINTS.read_text().splitlines()
+            if line.split("#")[0].strip()]
+
+
+def _requirements_besides_tensorflow() -> list[str]:
+    """mirrorkit's requirements and its test extra's, without TensorFlow, Keras and Ray."""
+    import re
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = project["dependencies"] + project["optional-dependencies"]["test"]
+    return [req for req in wanted
+            if re.split(r"[\[<>=!~ ;]", req, maxsplit=1)[0].lower() not in _NOT_FOR_NIGHTLY]
+
+
+def _install_nightly(python: Path) -> None:
+    steps = [[str(python), "-m", "pip", "install", "-q", "uv"],
+             [str(python.parent / "uv"), "pip", "install", "-q", "-p", str(python),
+              "-r", str(NIGHTLY_CONSTRAINTS), *_requirements_besides_tensorflow()],
+             [str(python.parent / "uv"), "pip", "install", "-q", "-p", str(python),
+              "--no-deps", "-e", str(ROOT)]]
+    for cmd in steps:
+        proc = _run(cmd)
+        if proc.returncode != 0:
+            raise RuntimeError(f"could not install the nightly pair ({' '.join(cmd[:4])} ...):\n"
+                               f"{proc.stderr[-3000:]}")
 
 
 def _run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
@@ -79,6 +122,10 @@ def install(tf_version: str, keras_version: str | None) -> Path:
         return python
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    if tf_version == NIGHTLY:
+        _install_nightly(python)
+        stamp.write_text(datetime.datetime.now().isoformat())
+        return python
     pins = [f"tensorflow=={tf_version}"] + ([f"keras=={keras_version}"] if keras_version else [])
     proc = _run([str(python), "-m", "pip", "install", "-q", *pins, "-e", f"{ROOT}[test]"])
     if proc.returncode != 0:
@@ -88,9 +135,12 @@ def install(tf_version: str, keras_version: str | None) -> Path:
 
 
 def _installed(python: Path) -> dict[str, str]:
-    code = ("import importlib.metadata as m, json; print(json.dumps({p: m.version(p) for p in "
+    # Whichever distribution provides each module (tf-nightly provides tensorflow).
+    code = ("import json; from mirrorkit.patching.versions import installed_version as v; "
+            "print(json.dumps({p: v(p) for p in "
             "('tensorflow', 'keras', 'tensorflow-datasets', 'numpy')}))")
-    return json.loads(_run([str(python), "-c", code], check=True).stdout)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return json.loads(_run([str(python), "-c", code], check=True, env=env).stdout)
 
 
 def run_tests(python: Path, tests: list[str], workdir: Path) -> dict:
@@ -119,6 +169,9 @@ def run_tests(python: Path, tests: list[str], workdir: Path) -> dict:
             if outcome in ("failure", "error"):
                 failures.append(f"{case.get('classname')}::{case.get('name')}")
     tail = proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else []
+    if proc.returncode != 0:
+        # What a CI log needs to see why: pytest's own report of the failures.
+        print("\n".join(proc.stdout.strip().splitlines()[-150:]), proc.stderr[-2000:], sep="\n")
     return {**counts, "exit_code": proc.returncode, "seconds": seconds,
             "failures": failures, "summary": tail[0] if tail else ""}
 

@@ -99,13 +99,13 @@ class Fix:
 
     @property
     def ref(self) -> str:
-        """The upstream issue, as listed in :mod:`mirrorkit.compat.known_issues`."""
-        return PATCHES[self.name].reason.split(":", 1)[0]
+        """The upstream report (``keras-team/keras#20585``), or where the reproduction is."""
+        return PATCHES[self.name].bug.ref
 
     @property
     def summary(self) -> str:
         """What breaks without the fix, in one sentence."""
-        return PATCHES[self.name].reason.split(":", 1)[1].strip()
+        return PATCHES[self.name].reason
 
     def where(self) -> list[str]:
         """Every patched spot as found in this Keras/TensorFlow (``module.Class.attr``).
@@ -165,14 +165,14 @@ class Fix:
             if isinstance(owner, type) else getattr(owner, target[1])
 
     def issue(self) -> known_issues.KnownIssue:
-        """The known-issue entry of this fix (its tested version range).
+        """The known-issue entry of this fix (its tested version range), from its record.
 
         Example:
             >>> from mirrorkit.compat import FIXES
             >>> FIXES["scalar-logs"].issue().ref
-            'tensorflow#72388'
+            'tensorflow/tensorflow#72388'
         """
-        return next(i for i in known_issues.KNOWN_ISSUES if i.ref == self.ref)
+        return known_issues.issue_of(PATCHES[self.name])
 
     def decide(self, strategy: Any = None, *, keras_version: str | None = None) -> Decision:
         """Decide whether this fix is needed (see the module docstring).

@@ -11,8 +11,11 @@ a private class or moves a module changes nothing here. A fix whose target
 is gone all the same is ``not-needed`` when its probe shows the bug gone
 too; otherwise :func:`apply` stops with :class:`~mirrorkit.compat.failures.FixMissing`
 naming the fix and ``MIRRORKIT_COMPAT_DISABLE``: a strategy that trains
-with the bug silently is worse than one that is not created. The fixes live in one module each
-of :mod:`mirrorkit.compat` (the ``make`` functions below name them). One
+with the bug silently is worse than one that is not created. Each fix is
+described once, by its record in :data:`mirrorkit.patching.PATCHES`; the
+mechanics here are built from it (its targets name the ``make`` functions,
+one module each of :mod:`mirrorkit.compat`), in the order its ``after``
+asks for. One
 more is a process setting (:mod:`~mirrorkit.compat.allocator`,
 ``malloc-thresholds``): :func:`apply` runs it and it is turned off by name
 like the others, but it is not in :data:`FIXES` nor in :func:`apply`'s result.
@@ -24,22 +27,17 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 import logging
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from mirrorkit import _env
-from mirrorkit.compat import (  # one module per fix, and the modules they share
-    accumulation, allocator, batch_metrics, batch_sums, cross_replica_step, empty_conv,
-    generator_copies, known_issues, layer_losses, logged_losses, masked_means, mean_gradients,
-    multistep, no_call_build, no_gradient_losses, on_batch, overridden_losses, paired_losses,
-    probes, replica_copies, replica_op_draws, replica_random, replica_seeds, scalar_losses,
-    scalar_logs, sparse_sums,
-    static_batches, step_metrics, step_variables, symbolic_build, symbolic_names,
-    symbolic_order, uneven_batches, xla_cpu,
-)
+from mirrorkit.compat import allocator, known_issues
 from mirrorkit.compat.failures import FixMissing
 from mirrorkit.compat.fix import Decision, Fix, FixUnavailable
 from mirrorkit.patching import switches
+from mirrorkit.patching.catalogue import PATCHES
+from mirrorkit.patching.record import Patch
 
 logger = logging.getLogger(__name__)
 
@@ -51,144 +49,51 @@ DISABLED = "disabled"
 NOT_APPLIED = "not-applied"
 UNAVAILABLE = "unavailable"
 
-# The three *_on_batch methods share one upstream bug (keras-on-batch).
-_ON_BATCH = (
-    ("predict", "returned N times the rows", on_batch.make_predict),
-    ("test", "counted every example N times", on_batch.make_test),
-    ("train", "counted every example N times", on_batch.make_train),
-)
 
-# The mechanics of each fix; what it is and why is its record in
-# mirrorkit.patching.catalogue (the same name).
-FIXES: dict[str, Fix] = {fix.name: fix for fix in (
-    Fix("symbolic-build", "Attempt to convert a value (PerReplica",
-        ("backend-trainer", "_maybe_symbolic_build"), symbolic_build.make,
-        probes.uneven_global_batch),
-    Fix("scalar-logs", "Invalid reduction dimension 0 for input with 0 dimensions",
-        ("backend-trainer-module", "reduce_per_replica"), scalar_logs.make),
-    Fix("multi-step", "You must feed a value for placeholder tensor",
-        ("backend-trainer", "_make_function"), multistep.make,
-        probes.several_steps_per_call),
-    Fix("empty-conv", "Incompatible shapes", ("backend-nn", "conv"), empty_conv.guard_op,
-        also=(("backend-nn", "depthwise_conv", empty_conv.guard_op),
-              ("backend-nn", "separable_conv", empty_conv.guard_op),
-              ("backend-nn", "conv_transpose", empty_conv.guard_op),
-              ("backend-trainer", "make_predict_function",
-               empty_conv.guard_predict_function),
-              ("backend-trainer", "make_test_function",
-               empty_conv.guard_test_function))),
-    # Not a multi-worker bug: any strategy with 2+ replicas.
-    *(Fix(f"{kind}-on-batch", f"{kind}_on_batch {symptom}",
-          ("backend-trainer", f"{kind}_on_batch"), make)
-      for kind, symptom, make in _ON_BATCH),
-    Fix("step-variables", "You must feed a value for placeholder tensor",
-        ("backend-variable", "_initialize_with_initializer"), step_variables.make),
-    Fix("no-call-build", "does not have a `call()` method implemented",
-        ("base-trainer", "_symbolic_build"), no_call_build.make),
-    # Below cross-replica-step's and no-gradient-losses' wrappers of the same
-    # two functions: it weighs a share only where they let Keras scale it.
-    Fix("uneven-batch-losses", "an uneven batch weighs each replica's mean 1/N",
-        ("loss-module", "scale_loss_for_distribution"), uneven_batches.make_scale,
-        also=(("loss-module", "unscale_loss_for_distribution", uneven_batches.make_unscale),
-              ("strategy-base", "run",
-               uneven_batches.make_run))),
-    Fix("cross-replica-step",
-        "DistributedVariable.handle is not available outside the replica context",
-        ("backend-variable", "handle"), cross_replica_step.make_handle,
-        also=(("loss-module", "scale_loss_for_distribution",
-               cross_replica_step.make_loss_scale),
-              ("loss-module", "unscale_loss_for_distribution",
-               cross_replica_step.make_loss_scale),
-              ("tf-interim", "maybe_merge_call",
-               cross_replica_step.make_maybe_merge_call),
-              ("loss-scale-optimizer", "_tf_apply",
-               cross_replica_step.make_lso_apply))),
-    Fix("generator-copies", "shares memory with the generator's array",
-        ("tensorflow.python.ops.script_ops.FuncRegistry", "__call__"),
-        generator_copies.make),
-    Fix("gradient-accumulation", "`merge_call` called while defining a new graph",
-        ("backend-optimizer", "_backend_apply_gradients"),
-        accumulation.make),
-    Fix("layer-losses", "add_loss of a layer's Loss trains at 1/N",
-        ("loss-module", "reduce_values"), layer_losses.make),
-    Fix("scalar-losses", "a loss returning a scalar trains at N times",
-        ("loss-module", "reduce_weighted_values"), scalar_losses.make),
-    # Stacks on scalar-losses' wrapper of the same function.
-    Fix("masked-loss-means", "a masked loss averages per replica, not over the batch",
-        ("loss-module", "reduce_weighted_values"), masked_means.make),
-    Fix("overridden-loss-call", "a Loss overriding __call__ trains at N times",
-        ("keras.src.trainers.compile_utils.CompileLoss", "build"),
-        overridden_losses.make_build,
-        also=(("loss-module", "scale_loss_for_distribution", overridden_losses.make_scale),)),
-    Fix("batch-wide-metrics", "a metric the script wrote counts 1/N of its batch's pairs",
-        ("keras.src.trainers.compile_utils.CompileMetrics", "build"),
-        batch_metrics.make_build),
-    Fix("batch-sum-losses", "an add_loss summing over the batch trains at 1/N",
-        ("layer", "add_loss"), batch_sums.make,
-        # Stacks on layer-losses' wrapper of the same function.
-        also=(("loss-module", "reduce_values", batch_sums.make_reduce_values),
-              ("backend-nn", "ctc_loss", batch_sums.make_ctc_loss))),
-    Fix("paired-step-losses", "a step loss pairing its batch's examples differs silently",
-        ("gradient-tape", "gradient"), paired_losses.make),
-    # Stacks on no-call-build's wrapper of the same function.
-    Fix("symbolic-build-names", "Invalid Input name (keras_tensor_",
-        ("base-trainer", "_symbolic_build"), symbolic_names.make),
-    # Both stack on cross-replica-step's wrappers of the same two functions.
-    Fix("no-gradient-losses", "a loss in a custom test_step reports 1/N",
-        ("loss-module", "scale_loss_for_distribution"), no_gradient_losses.make,
-        also=(("loss-module", "unscale_loss_for_distribution", no_gradient_losses.make),)),
-    Fix("logged-step-losses", "a custom train_step logs 1/N of its loss",
-        ("mean-metric", "update_state"),
-        logged_losses.make_update_state,
-        also=(("loss", "__call__", logged_losses.make_loss_call),
-              ("base-trainer", "compute_loss",
-               logged_losses.make_compute_loss),
-              # Stacks on multi-step's wrapper of the same method.
-              ("backend-trainer", "_make_function",
-               logged_losses.make_make_function),
-              ("loss-module", "unscale_loss_for_distribution", logged_losses.make_unscale),
-              ("base-trainer", "_compute_loss",
-               logged_losses.make_step_loss),
-              *(("tf-nn", name, logged_losses.make_share)
-                for name in ("compute_average_loss", "scale_regularization_loss")))),
-    # Stacks on paired-step-losses' wrapper; needs logged-step-losses' shares and step mark.
-    Fix("hand-mean-gradients", "a loss averaged by hand in a custom step trains at N times",
-        ("gradient-tape", "gradient"),
-        mean_gradients.make_gradient),
-    # Stacks on symbolic-build's wrapper of the same method.
-    Fix("symbolic-build-order", "fit trains in another data order under a strategy",
-        ("backend-trainer", "_maybe_symbolic_build"), symbolic_order.make),
-    Fix("step-metrics", "batch-end logs average the replicas' metric results",
-        ("base-trainer", "get_metrics_result"), step_metrics.make),
-    Fix("replica-random", "every replica draws the same Dropout masks",
-        ("backend-random", "dropout"), replica_random.make_dropout,
-        also=(*(("backend-random", name, replica_random.make_draw)
-                for name in ("uniform", "normal", "truncated_normal", "randint")),
-              ("backend-random", "categorical",
-               replica_random.make_categorical),
-              ("strategy-base", "run",
-               replica_random.make_run),
-              *(("tensorflow.python.ops.gen_random_ops", name, replica_op_draws.make)
-                for name in ("random_standard_normal", "random_uniform", "truncated_normal")),
-              ("tf-random-seed", "get_seed",
-               replica_op_draws.make_get_seed))),
-    Fix("replica-global-seed", "tf.function only supports singleton tf.Variables created on "
-        "the first call", ("seed-generator-module", "global_seed_generator"),
-        replica_seeds.make_generator,
-        also=(("tensorflow.python.distribute.mirrored_run._MirroredReplicaThread", "__init__",
-               replica_seeds.make_thread_init),)),
-    Fix("replica-variable-copies", "a variable the replicas assign from their rows drifts apart",
-        ("tensorflow.python.distribute.values", "_on_write_update_replica"),
-        replica_copies.make),
-    Fix("static-batch-shapes", "Cannot take the length of shape with unknown rank",
-        ("tensorflow.python.distribute.input_lib.DistributedDataset", "build"),
-        static_batches.make_build),
-    Fix("sparse-gradient-sums", "an embedding's Adam update differs under replicas",
-        ("backend-optimizer", "_all_reduce_sum_gradients"),
-        sparse_sums.make),
-    Fix("xla-cpu-replicas", "Collectives are not yet implemented for CPU devices",
-        ("base-trainer-module", "model_supports_jit"), xla_cpu.make),
-)}
+def _resolve(ref: str) -> Callable[..., Any]:
+    """``"module:function"`` of :mod:`mirrorkit.compat` -> the function."""
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(f"mirrorkit.compat.{module}"), name)
+
+
+def _in_order(records: list[Patch]) -> list[Patch]:
+    """The records with every fix after those it names in ``after`` (else as listed).
+
+    Raises:
+        ValueError: ``after`` names an unknown fix or makes a cycle (a
+            programming error in the table, caught by its tests).
+    """
+    by_name = {p.name: p for p in records}
+    placed: dict[str, Patch] = {}
+
+    def place(record: Patch, path: tuple[str, ...]) -> None:
+        if record.name in placed:
+            return
+        if record.name in path:
+            raise ValueError(f"fix order: a cycle through {' -> '.join(path)}")
+        for below in record.after:
+            if below not in by_name:
+                raise ValueError(f"fix {record.name!r}: after names no fix. Received: {below!r}")
+            place(by_name[below], path + (record.name,))
+        placed[record.name] = record
+
+    for record in records:
+        place(record, ())
+    return list(placed.values())
+
+
+def _mechanics(record: Patch) -> Fix:
+    first, *rest = record.mechanics()
+    return Fix(record.name, record.bug.error if record.bug else "", (first.role, first.attr),
+               _resolve(first.make), _resolve(record.probe) if record.probe else None,
+               tuple((t.role, t.attr, _resolve(t.make)) for t in rest))
+
+
+# The mechanics of every fix that patches through this package, built from its record
+# in mirrorkit.patching (the one table); in the order `after` asks for: a fix that wraps
+# another's wrapper of the same function comes after it.
+FIXES: dict[str, Fix] = {record.name: _mechanics(record) for record in _in_order(
+    [p for p in PATCHES.values() if p.kind == "fix" and p.mechanics()])}
 
 # Per process: each fix's decision (probes run once) and the fixes whose
 # unavailability was already reported.

@@ -101,7 +101,7 @@ def enabled(name: str) -> bool:
         _REPORTED_OFF.add(name)
         logger.info("mirrorkit: patch %r is turned off (MIRRORKIT_COMPAT_DISABLE / "
                     "MIRRORKIT_COMPAT); %s is left as it is.", name,
-                    ", ".join(PATCHES[name].targets))
+                    ", ".join(PATCHES[name].target_names()))
     return False
 
 

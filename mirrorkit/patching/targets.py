@@ -13,7 +13,7 @@ spell it so. Where no public object leads to it, the spelling is the role
 
 :func:`check` compares what a role finds with its recorded spellings for the
 installed versions: a new release that moves a target is caught by the test
-suite on the nightlies (``tests/patching/test_targets.py``), not by a user.
+suite on the nightlies (``tests/patching/test_target_roles.py``), not by a user.
 
 Example:
     >>> ROLES["backend-trainer"].spellings[0][0]

@@ -39,11 +39,12 @@ def test_importing_compat_does_not_import_tensorflow():
 
 @pytest.mark.fast
 def test_apply_is_idempotent_and_revert_restores_keras(restore_keras):
-    from keras.src.backend.tensorflow import trainer
+    from mirrorkit.patching import targets
+
+    trainer, module = targets.owner("backend-trainer"), targets.owner("backend-trainer-module")
 
     def current():
-        return (trainer.TensorFlowTrainer._maybe_symbolic_build, trainer.reduce_per_replica,
-                trainer.TensorFlowTrainer._make_function)
+        return (trainer._maybe_symbolic_build, module.reduce_per_replica, trainer._make_function)
 
     original = current()
     assert compat.status() == dict.fromkeys(compat.FIXES, "not-applied")
@@ -75,7 +76,9 @@ def test_disable_by_argument_and_by_environment(restore_keras):
 
 @pytest.mark.fast
 def test_unknown_fix_names_are_rejected_with_the_valid_ones(restore_keras):
-    with pytest.raises(ValueError, match="accepted: all, " + ", ".join(compat.FIXES)):
+    from mirrorkit.patching import PATCHES
+
+    with pytest.raises(ValueError, match="accepted: all, " + ", ".join(PATCHES)):
         compat.apply(disable=["scalar_logs"])
     with _env.patch({_env.COMPAT_DISABLE: "nope"}):
         with pytest.raises(ValueError, match="MIRRORKIT_COMPAT_DISABLE"):

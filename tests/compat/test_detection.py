@@ -23,7 +23,8 @@ def test_tested_keras_is_decided_by_the_version_table():
         decision = fix.decide(None)
         assert (decision.needed, decision.how) == (True, "version table"), (fix.name, decision)
     assert compat.FIXES["multi-step"].decide(None, keras_version="3.15.1").how == "version table"
-    assert compat.FIXES["multi-step"].decide(None, keras_version="3.15.2").how == "assumed"
+    # Past the newest tested version (a release after the pinned nightly): untested.
+    assert compat.FIXES["multi-step"].decide(None, keras_version="3.16.1").how == "assumed"
 
 
 @pytest.mark.fast

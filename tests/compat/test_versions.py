@@ -7,7 +7,6 @@ import pytest
 from mirrorkit import compat
 from mirrorkit.compat.known_issues import (
     KNOWN_ISSUES,
-    TESTED_TENSORFLOW,
     KnownIssue,
     affecting,
     parse_version,
@@ -28,9 +27,9 @@ def test_a_version_that_is_not_pep_440_is_a_value_error():
         parse_version("banana")
 
 
-# The range (2.19.1, 2.21.0) is TensorFlow's tested range; the issue's first/fixed
+# The range (2.19.1, 2.21.0) is the pinned releases' tested range; the issue's first/fixed
 # versions are made up to exercise both ends.
-ISSUE = KnownIssue("tf#1", "tensorflow", "2.20.0", "2.22.0", "-", "-", TESTED_TENSORFLOW)
+ISSUE = KnownIssue("tf#1", "tensorflow", "2.20.0", "2.22.0", "-", "-", ("2.19.1", "2.21.0"))
 
 
 @pytest.mark.parametrize("version, tested", [
