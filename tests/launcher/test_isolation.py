@@ -252,12 +252,14 @@ def test_an_unprivileged_user_gets_isolation_through_a_user_namespace(tmp_path):
 def test_where_a_namespace_cannot_be_made_the_launcher_says_so_in_one_line(tmp_path):
     # A site hook that starts a thread: the kernel refuses a user namespace to
     # a multi-threaded process (EINVAL), as it would for such a real hook.
+    # The thread waits for ever (a daemon: it does not hold up the exit), not
+    # 30 s, which a loaded machine's launcher could take to reach its unshare.
     # pytest's tmp_path sits in a folder only root may enter: use one nobody can read.
     site = Path(tempfile.mkdtemp(prefix="mirrorkit-site-"))
     site.chmod(0o755)
     (site / "sitecustomize.py").write_text(
-        "import threading, time\n"
-        "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+        "import threading\n"
+        "threading.Thread(target=threading.Event().wait, daemon=True).start()\n"
         "print('a site hook that prints')\n")
     tmp_path.chmod(0o777)
     try:

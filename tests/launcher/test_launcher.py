@@ -283,9 +283,14 @@ def test_failed_worker_restarts_whole_group_with_count_and_logs(start, tmp_path)
 
 
 def test_out_of_restarts_summary_names_worker_code_and_tail(start, tmp_path):
+    logs = tmp_path / "logs"
+    # Worker 1 fails once its launcher has logged its stdout lines (so has them in
+    # its tail), not a fixed time after printing them: the launcher reads stdout and
+    # stderr in two threads, which a busy machine can run in either order.
     code, stdout, stderr = start([
-        "-n", "2", "--max-restarts", "1", "--", "python", ECHO, str(tmp_path / "out"),
-        "--fail-rank", "1", "--exit-code", "7", "--lines", "20"]).wait(60)
+        "-n", "2", "--max-restarts", "1", "--log-dir", str(logs), "--", "python", ECHO,
+        str(tmp_path / "out"), "--fail-rank", "1", "--exit-code", "7", "--lines", "20",
+        "--after-logged", str(logs / "worker-1.log")]).wait(60)
     assert code == 7
     assert "FAILED after 1 restart(s)" in stderr
     assert "Root cause: worker 1 (pid" in stderr and "exited with code 7" in stderr

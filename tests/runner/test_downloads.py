@@ -9,6 +9,7 @@ released, both finish with the same intact extracted file.
 from __future__ import annotations
 
 import fcntl
+import os
 import subprocess
 import sys
 import tarfile
@@ -28,6 +29,13 @@ path = keras.utils.get_file("data.tar.gz", origin=os.environ["ORIGIN"], extract=
                             cache_dir=os.environ["CACHE"])
 print("PATH", path, flush=True)
 """
+
+
+def _waiting_for(lock) -> int:
+    """How many processes wait for the ``flock`` held on ``lock`` (``/proc/locks``' "->" lines)."""
+    inode = f":{os.fstat(lock.fileno()).st_ino} "
+    with open("/proc/locks") as locks:
+        return sum(1 for line in locks if " -> FLOCK " in line and inode in line)
 
 
 def test_workers_download_one_at_a_time_into_one_cache(tmp_path):
@@ -51,13 +59,17 @@ def test_workers_download_one_at_a_time_into_one_cache(tmp_path):
              str(script)], cwd=str(tmp_path), stdout=out, stderr=subprocess.STDOUT,
             env=clean_env(ORIGIN=origin, CACHE=str(cache)))
         try:
+            # Until both workers wait for the lock (the kernel lists them as its waiters),
+            # not for a fixed time after they start the script: a worker of a loaded
+            # machine can take longer than that to import Keras and reach get_file, and
+            # would not have written yet without the lock either.
             deadline = time.monotonic() + 240
-            while log.read_text().count("mirrorkit run: strategy=") < 2:
+            while _waiting_for(lock) < 2:
                 assert proc.poll() is None, log.read_text()[-3000:]
+                assert "PATH" not in log.read_text()
                 assert time.monotonic() < deadline, log.read_text()[-3000:]
-                time.sleep(0.5)
-            time.sleep(3)
-            # Both workers are in the script and wait for the lock: nothing written.
+                time.sleep(0.1)
+            # Both workers are in get_file and wait for the lock: nothing written.
             assert "PATH" not in log.read_text()
             assert not (cache / "datasets").exists() or not any((cache / "datasets").iterdir())
         finally:

@@ -185,8 +185,9 @@ def test_keras_io_guide_second_run_restores_the_chiefs_newest_checkpoint(tmp_pat
     _same_numbers(plain, proc)
     # The control: patch "checkpoint-barrier" off by name, and worker 1 lists
     # the folder while the chief is still writing: it loads a half-written zip.
-    # (The chief holds until worker 1 says it is listing, up to 120 s: on a busy
-    # machine worker 1 can reach its listing more than 3 s after the chief.)
+    # (The chief holds until worker 1 says it is listing, then until worker 1 has
+    # exited, up to 120 s: on a busy machine worker 1 can reach its listing more
+    # than 3 s after the chief, and its load any fixed time after its listing.)
     listed = tmp_path / "listed"
     listed.mkdir()
     control = _run([*LAUNCH, GUIDE, "--slow-chief-save", "120", "--listed", str(listed)],
