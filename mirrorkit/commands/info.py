@@ -19,9 +19,13 @@ _FIX_STATES = {"not-applied": "needed; applied once a strategy with 2+ replicas 
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option("--probe", is_flag=True,
+              help="Also run every fix's probe on this strategy (2+ replicas, e.g. with "
+                   "--simulate-cpus 2): does the bug show with Keras alone, is it gone with "
+                   "the fix? Takes a few seconds per fix.")
 @simulate_cpus_option
 @strategy_option
-def info(as_json: bool, simulate_cpus: int | None, strategy: str | None) -> None:
+def info(as_json: bool, probe: bool, simulate_cpus: int | None, strategy: str | None) -> None:
     """Report versions, devices and the strategy mirrorkit would choose, and why.
 
     Under a multi-worker TF_CONFIG the cluster is described without joining it.
@@ -32,6 +36,7 @@ def info(as_json: bool, simulate_cpus: int | None, strategy: str | None) -> None
     Examples:
       mirrorkit info
       mirrorkit info --simulate-cpus 4 --json
+      mirrorkit info --simulate-cpus 2 --probe
       TF_CONFIG='{"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 1}}' mirrorkit info
     """
     from mirrorkit import _env
@@ -39,7 +44,7 @@ def info(as_json: bool, simulate_cpus: int | None, strategy: str | None) -> None
 
     with user_errors():
         _env.quiet_tensorflow()
-        data = environment_report(strategy=strategy, simulate_cpus=simulate_cpus)
+        data = environment_report(strategy=strategy, simulate_cpus=simulate_cpus, probe=probe)
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -57,7 +62,8 @@ def info(as_json: bool, simulate_cpus: int | None, strategy: str | None) -> None
     names = max(len(p["name"]) for p in data["patches"])
     for patch in data["patches"]:
         state = _FIX_STATES.get(patch["status"], patch["status"])
+        probed = f"; {patch['probe']['says']}" if "probe" in patch else ""
         click.echo(f"  {patch['kind']:<10} {patch['name']:<{names}}  {state} "
-                   f"({patch['how']}: {patch['detail']})")
+                   f"({patch['how']}: {patch['detail']}){probed}")
     for warning in data["warnings"]:
         click.echo(f"warning: {warning}")

@@ -192,7 +192,7 @@ class Fix:
             affected = issue.affects(version)
             return Decision(affected, "version table",
                             f"{issue.package} {version} {'has' if affected else 'is free of'} "
-                            f"{issue.ref} (tested {issue.tested[0]}-{issue.tested[1]})")
+                            f"the bug ({issue.ref}; tested {issue.tested[0]}-{issue.tested[1]})")
         found = None
         if self.probe is not None and strategy is not None:
             try:
@@ -201,7 +201,8 @@ class Fix:
                 found = None
         if found is not None:
             return Decision(found, "probe", f"{issue.package} {version} is untested; a probe "
-                            f"{'reproduced' if found else 'did not reproduce'} {issue.ref}")
+                            f"{'reproduced' if found else 'did not reproduce'} the bug "
+                            f"({issue.ref})")
         return Decision(True, "assumed", f"{issue.package} {version} is untested and there is "
                         "nothing to probe on here; applied (harmless without the bug)")
 

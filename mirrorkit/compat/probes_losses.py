@@ -16,23 +16,21 @@ NumPy's random state; Keras's name counters are put back afterwards, so a
 script's layers are named as without the probe. Each probe computes only
 its own fix's behaviour: it sees its bug with every other fix applied too.
 The probes of the steps and variables outside ``fit`` are in
-:mod:`mirrorkit.compat.probes_losses2`; :data:`PROBES` names them all.
+:mod:`mirrorkit.compat.probes_losses2`; each fix's record names its probe (``probe=``).
 
 Example:
     >>> import mirrorkit                                            # doctest: +SKIP
-    >>> PROBES["scalar-losses"](mirrorkit.get_strategy(simulate_cpus=2))  # doctest: +SKIP
+    >>> scalar_loss(mirrorkit.get_strategy(simulate_cpus=2))        # doctest: +SKIP
     True
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from mirrorkit.compat import probes_losses2 as _steps
 from mirrorkit.compat.probes_losses2 import dense_model, fitted, guarded, on_both, ones, verdict
 
-__all__ = ["PROBES", "add_loss_of_a_loss", "add_loss_sum", "masked_mean",
+__all__ = ["add_loss_of_a_loss", "add_loss_sum", "masked_mean",
            "metric_of_the_batch", "overridden_call", "scalar_loss", "uneven_batch"]
 
 
@@ -215,17 +213,3 @@ def metric_of_the_batch(strategy: Any, n: int) -> bool | None:
 
 
 #: Each loss fix's probe, by fix name.
-PROBES: dict[str, Callable[[Any], bool | None]] = {
-    "uneven-batch-losses": uneven_batch,
-    "layer-losses": add_loss_of_a_loss,
-    "scalar-losses": scalar_loss,
-    "masked-loss-means": masked_mean,
-    "overridden-loss-call": overridden_call,
-    "batch-wide-metrics": metric_of_the_batch,
-    "batch-sum-losses": add_loss_sum,
-    "paired-step-losses": _steps.paired_rows,
-    "no-gradient-losses": _steps.loss_without_gradient,
-    "logged-step-losses": _steps.logged_step_loss,
-    "hand-mean-gradients": _steps.hand_mean,
-    "replica-variable-copies": _steps.variable_copies,
-}

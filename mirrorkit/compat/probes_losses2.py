@@ -4,7 +4,7 @@ The probes of custom ``train_step``s (a logged loss, a mean by hand), of a
 loss where no gradient is taken, and of the two checks (a loss pairing a
 batch's rows, a variable each replica assigns), by the contract of
 :mod:`mirrorkit.compat.probes_losses`, which lists every loss probe in its
-``PROBES``. The checks change no number: their probes show the behaviour
+the fix records (``probe=``). The checks change no number: their probes show the behaviour
 they name, which stays with them applied.
 
 Example:

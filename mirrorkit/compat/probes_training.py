@@ -9,21 +9,20 @@ it cannot tell (no strategy, fewer than 2 local replicas, several workers, or
 an unexpected failure, logged at INFO). Each computes its one-device
 reference in the same call, never raises and leaves Keras's names and every
 global random state as it found them (:mod:`mirrorkit.compat.probes_training2`
-holds the shared runner and the probes of traced steps). :data:`PROBES` maps
-each fix's name to its probe.
+holds the shared runner and the probes of traced steps). Each fix's record
+names its probe (``probe=``).
 
 Example:
     >>> import mirrorkit                                          # doctest: +SKIP
-    >>> PROBES["step-metrics"](mirrorkit.get_strategy(simulate_cpus=2))  # doctest: +SKIP
+    >>> batch_logs_average_replicas(mirrorkit.get_strategy(simulate_cpus=2))  # doctest: +SKIP
     True
-    >>> PROBES["step-metrics"](None) is None
+    >>> batch_logs_average_replicas(None) is None
     True
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from mirrorkit.compat.probes_training2 import (
@@ -31,13 +30,6 @@ from mirrorkit.compat.probes_training2 import (
     _decide,
     _dense,
     _which,
-    accumulated_gradients,
-    jit_on_cpu_replicas,
-    predict_on_batch_rows,
-    seedless_draw_in_step,
-    test_on_batch_counts,
-    train_on_batch_counts,
-    variables_made_in_a_step,
 )
 
 logger = logging.getLogger(__name__)
@@ -319,25 +311,3 @@ def across_workers_only(strategy: Any) -> None:
         >>> across_workers_only(None) is None
         True
     """
-
-
-PROBES: dict[str, Callable[[Any], bool | None]] = {
-    "empty-conv": empty_batch_convolution,
-    "predict-on-batch": predict_on_batch_rows,
-    "test-on-batch": test_on_batch_counts,
-    "train-on-batch": train_on_batch_counts,
-    "step-variables": variables_made_in_a_step,
-    "no-call-build": model_without_call,
-    "cross-replica-step": step_outside_run,
-    "generator-copies": generator_arrays_shared,
-    "gradient-accumulation": accumulated_gradients,
-    "symbolic-build-names": build_advances_names,
-    "symbolic-build-order": build_peeks_input,
-    "step-metrics": batch_logs_average_replicas,
-    "replica-random": replicas_draw_alike,
-    "replica-global-seed": seedless_draw_in_step,
-    "sparse-gradient-sums": sparse_gradients_squared_apart,
-    "xla-cpu-replicas": jit_on_cpu_replicas,
-    "scalar-logs": across_workers_only,
-    "static-batch-shapes": across_workers_only,
-}

@@ -10,7 +10,7 @@ A probe never raises and leaves no trace: models use zero or constant
 initialisers on fixed data, and Keras's name counters, Python's and NumPy's
 random states and Keras's global ``SeedGenerator`` are put back afterwards,
 so a script's names and seeded numbers are the same with or without it.
-:data:`mirrorkit.compat.probes_training.PROBES` lists them by fix name.
+the fix records name them (``probe=``).
 
 Example:
     >>> import mirrorkit                                          # doctest: +SKIP

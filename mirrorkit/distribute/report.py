@@ -34,14 +34,17 @@ def versions() -> dict[str, str | None]:
     }
 
 
-def environment_report(*, strategy: str | None = None,
-                       simulate_cpus: int | None = None) -> dict[str, Any]:
+def environment_report(*, strategy: str | None = None, simulate_cpus: int | None = None,
+                       probe: bool = False) -> dict[str, Any]:
     """Select the strategy as training would and describe everything found.
 
     Args:
         strategy: strategy kind (default: ``MIRRORKIT_STRATEGY`` or auto).
         simulate_cpus: logical CPU devices to simulate (default:
             ``MIRRORKIT_SIMULATE_CPUS`` or none).
+        probe: run every fix's probe on the strategy, with Keras's own code
+            and with the fixes (:func:`mirrorkit.compat.probe_report.probe_all`);
+            each patch then carries ``probe``. Defaults to False.
 
     Returns:
         A JSON-ready dict with the keys ``python``, ``tensorflow``, ``keras``,
@@ -82,7 +85,8 @@ def environment_report(*, strategy: str | None = None,
             "listens": listening_note(spec.to_dict()) if spec else None,
         }
     else:
-        rt = describe(get_strategy(strategy, simulate_cpus=simulate_cpus))
+        created = get_strategy(strategy, simulate_cpus=simulate_cpus)
+        rt = describe(created)
         runtime = rt.to_dict()
         runtime.pop("task_type")
         runtime.pop("task_index")
@@ -100,6 +104,16 @@ def environment_report(*, strategy: str | None = None,
     data["logical_devices"] = [d.name for d in tf.config.list_logical_devices()]
     data["compat_fixes"] = _fixes()
     data["patches"] = patch_report()
+    if probe:
+        # Across workers every worker would have to probe in step: not from a report.
+        from mirrorkit.compat.probe_report import describe as probe_phrase
+        from mirrorkit.compat.probe_report import probe_all
+
+        found = probe_all(created) if sel.kind != "multi_worker" else {}
+        for patch in data["patches"]:
+            if patch["name"] in found:
+                patch["probe"] = {**found[patch["name"]],
+                                  "says": probe_phrase(found[patch["name"]])}
     data["warnings"] = [f"{i.ref}: {i.summary} mirrorkit: {i.handling}"
                         for i in upstream.affecting()]
     return data

@@ -37,7 +37,9 @@ LOSS_FIX_RECORDS: tuple[Patch, ...] = (
                 "weighs each replica's mean 1/N: the smaller slice's rows count more than on "
                 "one device.",
          bug=Bug("keras", "3.0", None, TESTED_KERAS,
-                 "an uneven batch weighs each replica's mean 1/N"),
+                 "an uneven batch weighs each replica's mean 1/N",
+                 repro="upstream_repros/uneven_batch_losses.py"),
+         probe="probes_losses:uneven_batch",
          control="tests/compat/test_uneven_batches.py"),
     _fix("cross-replica-step",
          targets=(T("backend-variable", "handle", "cross_replica_step:make_handle"),
@@ -55,6 +57,7 @@ LOSS_FIX_RECORDS: tuple[Patch, ...] = (
          bug=Bug("keras", "3.0", None, TESTED_KERAS,
                  "DistributedVariable.handle is not available outside the replica context",
                  upstream=("tensorflow/tensorflow#36392",)),
+         probe="probes_training:step_outside_run",
          after=("uneven-batch-losses",),
          control="tests/compat/test_training_loops.py"),
     _fix("layer-losses",
@@ -63,7 +66,9 @@ LOSS_FIX_RECORDS: tuple[Patch, ...] = (
          reason="under N replicas a keras.losses.Loss called inside a layer and passed to "
                 "add_loss (keras.io's LogisticEndpoint) is divided by N twice: it trains at 1/N "
                 "strength.",
-         bug=Bug("keras", "3.0", None, TESTED_KERAS, "add_loss of a layer's Loss trains at 1/N"),
+         bug=Bug("keras", "3.0", None, TESTED_KERAS, "add_loss of a layer's Loss trains at 1/N",
+                 repro="upstream_repros/layer_losses.py"),
+         probe="probes_losses:add_loss_of_a_loss",
          control="tests/compat/test_layer_losses.py"),
     _fix("scalar-losses",
          targets=(T("loss-module", "reduce_weighted_values", "scalar_losses:make"),),
@@ -74,7 +79,9 @@ LOSS_FIX_RECORDS: tuple[Patch, ...] = (
                 "loss: evaluate reports N times the one-device loss and every step moves the "
                 "weights N times as far (tensorflow#35093, keras#16285 report the family).",
          bug=Bug("keras", "3.0", None, TESTED_KERAS, "a loss returning a scalar trains at N times",
-                 upstream=("keras-team/keras#16285", "tensorflow/tensorflow#35093")),
+                 upstream=("keras-team/keras#16285", "tensorflow/tensorflow#35093"),
+                 repro="upstream_repros/scalar_losses.py"),
+         probe="probes_losses:scalar_loss",
          control="tests/compat/test_scalar_losses.py"),
     _fix("masked-loss-means",
          targets=(T("loss-module", "reduce_weighted_values", "masked_means:make"),),
@@ -86,7 +93,9 @@ LOSS_FIX_RECORDS: tuple[Patch, ...] = (
                 "valid entries, not the batch's: the update and the logged loss differ from one "
                 "device's.",
          bug=Bug("keras", "3.0", None, TESTED_KERAS,
-                 "a masked loss averages per replica, not over the batch"),
+                 "a masked loss averages per replica, not over the batch",
+                 repro="upstream_repros/masked_loss_means.py"),
+         probe="probes_losses:masked_mean",
          after=("scalar-losses",),
          control="tests/compat/test_masked_means.py", tested=TESTED_LATEST),
     _fix("overridden-loss-call",
@@ -103,7 +112,9 @@ LOSS_FIX_RECORDS: tuple[Patch, ...] = (
                 "step moves the weights N times as far; one that returns per-example values "
                 "trains right but logs N times the loss.",
          bug=Bug("keras", "3.0", None, TESTED_KERAS,
-                 "a Loss overriding __call__ trains at N times"),
+                 "a Loss overriding __call__ trains at N times",
+                 repro="upstream_repros/overridden_loss_call.py"),
+         probe="probes_losses:overridden_call",
          after=("uneven-batch-losses", "cross-replica-step"),
          control="tests/compat/test_scalar_losses.py", tested=TESTED_LATEST),
     _fix("batch-wide-metrics",
@@ -120,7 +131,9 @@ LOSS_FIX_RECORDS: tuple[Patch, ...] = (
                 "another number than plain Python (2 replicas: 4433 true positives vs 8248).",
          bug=Bug("keras", "3.0", None, TESTED_KERAS,
                  "a metric the script wrote counts 1/N of its batch's pairs",
-                 upstream=("keras-team/keras#21054",)),
+                 upstream=("keras-team/keras#21054",),
+                 repro="upstream_repros/batch_wide_metrics.py"),
+         probe="probes_losses:metric_of_the_batch",
          control="tests/compat/test_batch_metrics.py", tested=TESTED_LATEST),
     _fix("batch-sum-losses",
          targets=(T("layer", "add_loss", "batch_sums:make"),
@@ -136,7 +149,9 @@ LOSS_FIX_RECORDS: tuple[Patch, ...] = (
                 "1/N of plain Python's term in the gradients and the logged loss (2 replicas: "
                 "6.25 vs 10.19).",
          bug=Bug("keras", "3.0", None, TESTED_KERAS,
-                 "an add_loss summing over the batch trains at 1/N"),
+                 "an add_loss summing over the batch trains at 1/N",
+                 repro="upstream_repros/batch_sum_losses.py"),
+         probe="probes_losses:add_loss_sum",
          after=("layer-losses",),
          control="tests/compat/test_batch_sums.py", tested=TESTED_LATEST),
     _fix("paired-step-losses",
@@ -149,7 +164,9 @@ LOSS_FIX_RECORDS: tuple[Patch, ...] = (
                 "keras.io's SimCLR) is computed by each replica over its own slice only: the "
                 "loss and the weight updates differ from one device's, with no error.",
          bug=Bug("keras", "3.0", None, TESTED_KERAS,
-                 "a step loss pairing its batch's examples differs silently"),
+                 "a step loss pairing its batch's examples differs silently",
+                 repro="upstream_repros/paired_step_losses.py"),
+         probe="probes_losses2:paired_rows",
          control="tests/compat/test_paired_losses.py", tested=TESTED_LATEST),
     _fix("no-gradient-losses",
          targets=(T("loss-module", "scale_loss_for_distribution", "no_gradient_losses:make"),
@@ -159,7 +176,9 @@ LOSS_FIX_RECORDS: tuple[Patch, ...] = (
          reason="under N replicas a keras.losses.Loss called where no gradient is taken (a "
                 "custom test_step, a metric computed by hand) is divided by N like a training "
                 "loss: it reports 1/N of the one-device value.",
-         bug=Bug("keras", "3.0", None, TESTED_KERAS, "a loss in a custom test_step reports 1/N"),
+         bug=Bug("keras", "3.0", None, TESTED_KERAS, "a loss in a custom test_step reports 1/N",
+                 repro="upstream_repros/no_gradient_losses.py"),
+         probe="probes_losses2:loss_without_gradient",
          after=("uneven-batch-losses", "cross-replica-step", "overridden-loss-call"),
          control="tests/compat/test_step_losses.py"),
     _fix("logged-step-losses",
@@ -180,7 +199,9 @@ LOSS_FIX_RECORDS: tuple[Patch, ...] = (
                 "(self.loss_tracker.update_state(loss)) reports 1/N of the one-device loss: the "
                 "loss is each replica's share of the global loss.",
          bug=Bug("keras", "3.0", None, TESTED_KERAS, "a custom train_step logs 1/N of its loss",
-                 upstream=("keras-team/keras#15509",)),
+                 upstream=("keras-team/keras#15509",),
+                 repro="upstream_repros/logged_step_losses.py"),
+         probe="probes_losses2:logged_step_loss",
          after=("multi-step", "uneven-batch-losses", "cross-replica-step", "no-gradient-losses"),
          control="tests/compat/test_step_losses.py"),
     _fix("hand-mean-gradients",
@@ -194,7 +215,9 @@ LOSS_FIX_RECORDS: tuple[Patch, ...] = (
                 "keras.io's VAE) is not divided by N: the summed gradient is N times one "
                 "device's.",
          bug=Bug("keras", "3.0", None, TESTED_KERAS,
-                 "a loss averaged by hand in a custom step trains at N times"),
+                 "a loss averaged by hand in a custom step trains at N times",
+                 repro="upstream_repros/hand_mean_gradients.py"),
+         probe="probes_losses2:hand_mean",
          after=("paired-step-losses", "logged-step-losses"),
          control="tests/compat/test_step_losses.py", tested=TESTED_LATEST),
 )

@@ -42,8 +42,10 @@ from mirrorkit.distribute.failure_detection import EXIT_MARGIN
 
 APP = REPO / "apps" / "multi_worker.py"
 EPOCHS = 3
-# 2 workers x 16 per replica and 1 process x 32 both train on global batch 32.
-EQUIVALENCE_ATOL = 1e-5
+# 2 workers x 16 per replica and 1 process x 32 both train on global batch 32. Float
+# summation order differs between releases (tf-nightly 2.23: 1.02e-05 after 3 epochs);
+# a wrong loss scale or a missed replica's gradient is off by 1e-2 or more.
+EQUIVALENCE_ATOL = 2e-5
 HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
 
 pytestmark = pytest.mark.slow

@@ -1,7 +1,7 @@
 """The training fixes' behaviour probes see each bug in Keras's own code, and none once fixed.
 
 One fresh process on 2 simulated CPUs runs every probe of
-:data:`mirrorkit.compat.probes_training.PROBES` twice: with every fix
+``mirrorkit.compat.probes_training`` (as the fix records name them) twice: with every fix
 reverted (Keras's and TensorFlow's own code: each bug must show) and with
 every fix applied (each must say the strategy behaves as one device). That is
 the probes' own control: a probe that cannot see its bug, or that sees it
@@ -14,7 +14,11 @@ from __future__ import annotations
 import pytest
 from conftest import conv_mis_shapes_empty_batches, run_snippet
 
-from mirrorkit.compat.probes_training import PROBES
+from mirrorkit.compat import FIXES
+
+# This family's probes, as the fix records name them (the one table).
+PROBES = {name: fix.probe for name, fix in FIXES.items()
+          if fix.probe and fix.probe.__module__.startswith("mirrorkit.compat.probes_training")}
 
 # Bugs of multi-worker mode, which one process cannot show.
 ACROSS_WORKERS = {"scalar-logs", "static-batch-shapes"}
@@ -30,7 +34,8 @@ import json, time
 import keras, mirrorkit
 from keras.src.utils import naming
 from mirrorkit import compat
-from mirrorkit.compat.probes_training import PROBES
+PROBES = {name: fix.probe for name, fix in compat.FIXES.items()
+          if fix.probe and fix.probe.__module__.startswith("mirrorkit.compat.probes_training")}
 
 strategy = mirrorkit.get_strategy(simulate_cpus=2)
 
