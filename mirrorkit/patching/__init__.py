@@ -1,7 +1,12 @@
 """Everything mirrorkit changes in Keras, TensorFlow or Python, and the one way it does it.
 
-* :mod:`~mirrorkit.patching.record`: what one patch is (:class:`Patch`).
-* :mod:`~mirrorkit.patching.catalogue`: every patch (:data:`PATCHES`).
+* :mod:`~mirrorkit.patching.record`: what one patch is (:class:`Patch`, a fix's
+  :class:`~mirrorkit.patching.record.Bug` and :class:`~mirrorkit.patching.record.Target`).
+* :mod:`~mirrorkit.patching.fixes`, :mod:`~mirrorkit.patching.loss_fixes`: one record per
+  upstream fix; :mod:`~mirrorkit.patching.adaptations`: the others.
+* :mod:`~mirrorkit.patching.catalogue`: every patch (:data:`PATCHES`), the one table.
+* :mod:`~mirrorkit.patching.targets`: each patched owner found by its role.
+* :mod:`~mirrorkit.patching.versions`: installed versions, whichever distribution provides them.
 * :mod:`~mirrorkit.patching.switches`: which are turned off by name.
 * :mod:`~mirrorkit.patching.engine`: apply, undo, one marker.
 * :mod:`~mirrorkit.patching.status`: each patch's status for ``mirrorkit info``.
