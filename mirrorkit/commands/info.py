@@ -62,7 +62,7 @@ def info(as_json: bool, probe: bool, simulate_cpus: int | None, strategy: str | 
     names = max(len(p["name"]) for p in data["patches"])
     for patch in data["patches"]:
         state = _FIX_STATES.get(patch["status"], patch["status"])
-        probed = f"; {patch['probe']['says']}" if "probe" in patch else ""
+        probed = f"; {patch['probed']['says']}" if "probed" in patch else ""
         click.echo(f"  {patch['kind']:<10} {patch['name']:<{names}}  {state} "
                    f"({patch['how']}: {patch['detail']}){probed}")
     for warning in data["warnings"]:

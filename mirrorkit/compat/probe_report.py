@@ -61,8 +61,11 @@ def probe_all(strategy: Any) -> dict[str, dict[str, Any]]:
     return report
 
 
-def describe(result: dict[str, Any]) -> str:
+def describe(result: dict[str, Any], *, check: bool = False) -> str:
     """One phrase for ``mirrorkit info``: what the probe found here.
+
+    ``check``: the fix only names the problem (its record's ``Bug.check``),
+    so the bug is expected to show with it too.
 
     Example:
         >>> describe({"keras": True, "fixed": False, "seconds": 0.3})
@@ -70,8 +73,10 @@ def describe(result: dict[str, Any]) -> str:
     """
     keras, fixed = result["keras"], result["fixed"]
     if keras is None:
-        return "probe: cannot tell here (needs 2+ local replicas, or has no probe)"
+        return "probe: cannot tell here (needs 2+ local replicas; a multi-worker bug)"
     bug = "bug shown with Keras alone" if keras else "no bug with Keras alone"
     if fixed is None:
         return f"probe: {bug}"
+    if check and fixed:
+        return f"probe: {bug}; a check: named in one line where a script does it"
     return f"probe: {bug}, {'STILL THERE' if fixed else 'gone'} with the fix"

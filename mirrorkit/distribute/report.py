@@ -44,7 +44,7 @@ def environment_report(*, strategy: str | None = None, simulate_cpus: int | None
             ``MIRRORKIT_SIMULATE_CPUS`` or none).
         probe: run every fix's probe on the strategy, with Keras's own code
             and with the fixes (:func:`mirrorkit.compat.probe_report.probe_all`);
-            each patch then carries ``probe``. Defaults to False.
+            each fix then carries ``probed``. Defaults to False.
 
     Returns:
         A JSON-ready dict with the keys ``python``, ``tensorflow``, ``keras``,
@@ -108,12 +108,14 @@ def environment_report(*, strategy: str | None = None, simulate_cpus: int | None
         # Across workers every worker would have to probe in step: not from a report.
         from mirrorkit.compat.probe_report import describe as probe_phrase
         from mirrorkit.compat.probe_report import probe_all
+        from mirrorkit.patching import PATCHES
 
         found = probe_all(created) if sel.kind != "multi_worker" else {}
         for patch in data["patches"]:
             if patch["name"] in found:
-                patch["probe"] = {**found[patch["name"]],
-                                  "says": probe_phrase(found[patch["name"]])}
+                record = PATCHES[patch["name"]]
+                patch["probed"] = {**found[patch["name"]], "says": probe_phrase(
+                    found[patch["name"]], check=bool(record.bug and record.bug.check))}
     data["warnings"] = [f"{i.ref}: {i.summary} mirrorkit: {i.handling}"
                         for i in upstream.affecting()]
     return data

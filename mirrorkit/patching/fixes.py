@@ -264,7 +264,7 @@ FIX_RECORDS: tuple[Patch, ...] = (
                 "different.",
          bug=Bug("tensorflow", "2.0", None, TESTED_TENSORFLOW_LATEST,
                  "a variable the replicas assign from their rows drifts apart",
-                 repro="upstream_repros/replica_variable_copies.py"),
+                 repro="upstream_repros/replica_variable_copies.py", check=True),
          probe="probes_losses2:variable_copies",
          control="tests/compat/test_replica_copies.py", tested=TESTED_LATEST),
     _fix("static-batch-shapes",

@@ -165,7 +165,7 @@ LOSS_FIX_RECORDS: tuple[Patch, ...] = (
                 "loss and the weight updates differ from one device's, with no error.",
          bug=Bug("keras", "3.0", None, TESTED_KERAS,
                  "a step loss pairing its batch's examples differs silently",
-                 repro="upstream_repros/paired_step_losses.py"),
+                 repro="upstream_repros/paired_step_losses.py", check=True),
          probe="probes_losses2:paired_rows",
          control="tests/compat/test_paired_losses.py", tested=TESTED_LATEST),
     _fix("no-gradient-losses",

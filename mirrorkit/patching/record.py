@@ -89,6 +89,9 @@ class Bug:
             first; empty when none exists.
         repro: a standalone reproduction in this repository that could be
             filed as it is (``upstream_repros/...``), or None.
+        check: the fix names the problem in one line and changes no number
+            (only the script can make it exact): its probe sees the bug with
+            the fix applied too.
 
     Example:
         >>> Bug("keras", "3.0", None, TESTED_KERAS, "boom", ("keras-team/keras#1",)).ref
@@ -102,6 +105,7 @@ class Bug:
     error: str
     upstream: tuple[str, ...] = ()
     repro: str | None = None
+    check: bool = False
 
     @property
     def ref(self) -> str:

@@ -124,3 +124,20 @@ def test_info_names_every_compat_fix_and_rejects_an_unknown_one(run_python):
     assert first == "0 True True"
     assert second.startswith("1 Error: Unknown compat fix in MIRRORKIT_COMPAT_DISABLE. "
                              "Received: nope; accepted: all, symbolic-build")
+
+
+def test_info_probe_names_each_fixs_finding_on_two_replicas():
+    # The text every user reads, and the probes run twice: Keras alone, then the fixes.
+    proc = subprocess.run([sys.executable, "-m", "mirrorkit", "info", "--simulate-cpus", "2",
+                           "--probe"], capture_output=True, text=True, env=clean_env(),
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    fixes = {line.split()[1]: line for line in proc.stdout.splitlines()
+             if line.startswith("  fix ") and "version table" in line}
+    assert fixes, proc.stdout
+    assert all("; probe: " in line for line in fixes.values()), proc.stdout
+    assert "bug shown with Keras alone, gone with the fix" in fixes["symbolic-build"]
+    assert "bug shown with Keras alone, gone with the fix" in fixes["scalar-losses"]
+    # A bug that only shows across workers cannot be probed in one process: said so.
+    assert "cannot tell here" in fixes["scalar-logs"]
+    assert not any("STILL THERE" in line for line in fixes.values()), proc.stdout
