@@ -199,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     out = ROOT / args.output
     out.mkdir(parents=True, exist_ok=True)
     for tf_version, keras_version in parse_pairs(args.pairs):
+        started = time.monotonic()
         python = install(tf_version, keras_version)
+        print(f"   installed in {time.monotonic() - started:.0f} s", flush=True)
         versions = _installed(python)
         print(f"== tensorflow {versions['tensorflow']} + keras {versions['keras']}", flush=True)
         if args.install_only:

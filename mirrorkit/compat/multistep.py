@@ -43,11 +43,75 @@ def make(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def _make_function(self: Any, step_function: Callable[..., Any]) -> Any:
         strategy = self.distribute_strategy
-        if self.steps_per_execution <= 1 or self.run_eagerly or replicas(strategy) <= 1:
+        if self.run_eagerly or replicas(strategy) <= 1:
+            return original(self, step_function)
+        if self.steps_per_execution <= 1:
+            if _one_step_outside_a_function():
+                return _one_step(self, step_function, strategy)
             return original(self, step_function)
         return _multi_step(self, step_function, strategy)
 
     return _make_function
+
+
+def _one_step_outside_a_function() -> bool:
+    """True for Keras 3.16's one-step path, which fetches the batch outside any tf.function.
+
+    Keras 3.16 (its nightlies) runs ``steps_per_execution=1`` as
+    ``iterator.get_next_as_optional()`` in Python, then the traced step on
+    its value. Under 2+ replicas a replica's empty share of the last batch
+    then logs a NaN loss in ``evaluate`` (one image on 2 replicas), and a
+    last batch of another size fails the step's shape check (``EnsureShape``).
+    Fetching inside the traced function, as Keras 3.15 does, gives one
+    device's numbers: so mirrorkit does that there.
+    """
+    from packaging.version import Version
+
+    from mirrorkit.patching.versions import installed_version
+
+    version = installed_version("keras")
+    return version is not None and Version(version) >= Version("3.16.0.dev0")
+
+
+def _one_step(model: Any, step_function: Callable[..., Any], strategy: Any) -> Any:
+    """One step per call, the batch fetched inside the traced function (as Keras 3.15)."""
+    import tensorflow as tf
+
+    from mirrorkit.patching import targets
+
+    # Looked up at each trace, as Keras looks it up: the scalar-logs fix replaces it.
+    trainer_module = targets.owner("backend-trainer-module")
+
+    # As Keras's own: no autograph conversion, so an error inside the step (a
+    # fix's FixFailed, the user's own) reaches the caller as it was raised.
+    @tf.autograph.experimental.do_not_convert
+    def one_step_on_data(data: Any) -> Any:
+        outputs = strategy.run(step_function, args=(data,))
+        return trainer_module.reduce_per_replica(outputs, strategy, reduction="auto")
+
+    one_step = tf.function(one_step_on_data, reduce_retracing=True,
+                           jit_compile=model.jit_compile)
+    one_step = getattr(model, "_autoconvert_optionals", lambda f: f)(one_step)
+
+    @tf.function(reduce_retracing=True)
+    @tf.autograph.experimental.do_not_convert
+    def one_step_on_iterator(iterator: Any) -> Any:
+        # An exhausted iterator raises OutOfRangeError here, which Keras's epoch
+        # iterator turns into StopIteration.
+        return tf.experimental.Optional.from_value(one_step(iterator.get_next()))
+
+    def function(iterator: Any) -> Any:
+        if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+            return one_step_on_iterator(iterator).get_value()
+        outputs = None
+        for data in iterator:
+            outputs = one_step(data)
+            break
+        if outputs is None:
+            raise StopIteration
+        return outputs
+
+    return function
 
 
 def _multi_step(model: Any, step_function: Callable[..., Any], strategy: Any) -> Any:

@@ -60,7 +60,9 @@ FIX_RECORDS: tuple[Patch, ...] = (
     _fix("multi-step",
          targets=(T("backend-trainer", "_make_function", "multistep:make"),),
          changes="runs several steps per call in a while loop whose condition checks for the "
-                 "next batch (one replica keeps Keras's code)",
+                 "next batch (one replica keeps Keras's code); on Keras 3.16, whose one step "
+                 "per call fetches its batch outside the traced function, fetches it inside, "
+                 "as 3.15 does",
          reason="steps_per_execution > 1 in fit fails under MirroredStrategy with 2+ replicas.",
          bug=Bug("keras", "3.0", None, TESTED_KERAS, "You must feed a value for placeholder tensor",
                  upstream=("keras-team/keras#19246",),

@@ -83,42 +83,11 @@ def plain(tmp_path_factory):
     return out, probe == "True"
 
 
-# Keras 3.16's nightlies (3.16.0.dev2026102704) report a NaN loss from evaluate and
-# test_on_batch when a replica's share of a batch is empty (also with every loss fix off);
-# predictions and the other metrics stay exact. Not yet worked around: asserted as it is
-# (NaN, never another number), so the day it changes this test says so.
-def _nan_loss_upstream() -> bool:
-    from packaging.version import Version
-
-    from mirrorkit.patching.versions import installed_version
-
-    return Version(installed_version("keras")) >= Version("3.16.0.dev0")
-
-
-def _assert_same_but_known(reference: dict, got: dict) -> None:
-    if not _nan_loss_upstream():
-        _assert_same(reference, got)
-        return
-    nan_losses, adjusted = [], {}
-    for key, have in got.items():
-        want = reference.get(key)
-        if key.startswith("evaluate/") and isinstance(have, dict) and np.isnan(have["loss"]):
-            nan_losses.append(key)
-            have = {**have, "loss": want["loss"]}
-        elif key.startswith("evaluate/") and isinstance(have, list) and np.isnan(have[0]):
-            nan_losses.append(key)
-            have = [want[0], *have[1:]]
-        adjusted[key] = have
-    if "evaluate/one_image" in reference:
-        assert "evaluate/one_image" in nan_losses, "Keras's NaN loss is gone: drop this"
-    _assert_same(reference, adjusted)
-
-
 def test_two_local_replicas_match_one_device_and_fail_without_the_fixes(plain, tmp_path):
     reference, kernel_is_broken = plain
     (fixed,) = _results(RUN, tmp_path / "fixed").values()
     assert fixed["replicas"] == 2
-    _assert_same_but_known(reference, fixed)
+    _assert_same(reference, fixed)
 
     (broken,) = _results(RUN, tmp_path / "broken", MIRRORKIT_COMPAT_DISABLE=OFF).values()
     empty_replica = ("predict/one_image", "predict/33_by_32_dataset", "evaluate/one_image",
@@ -131,8 +100,8 @@ def test_two_local_replicas_match_one_device_and_fail_without_the_fixes(plain, t
         # This CPU's kernels (oneDNN picks them by instruction set: none of the
         # AVX2/AVX-512 ones here) shape empty batches right, so the upstream
         # failure cannot show; the fix's probe then guards nothing.
-        _assert_same_but_known({k: reference[k] for k in empty_replica},
-                               {k: broken[k] for k in empty_replica})
+        _assert_same({k: reference[k] for k in empty_replica},
+                     {k: broken[k] for k in empty_replica})
     # keras: predict_on_batch returns one copy of the batch per replica.
     assert np.shape(broken["predict/on_batch_three"]) == (6, 10)
     # Batches that leave no replica empty work without the fix.
@@ -146,7 +115,7 @@ def test_two_launched_workers_match_one_device(plain, tmp_path):
     assert sorted(outs) == ["predict_evaluate-worker0.json", "predict_evaluate-worker1.json"]
     for out in outs.values():
         assert out["replicas"] == 2
-        _assert_same_but_known(reference, out)
+        _assert_same(reference, out)
 
 
 def test_single_device_graphs_are_upstream_s(run_python):
@@ -166,3 +135,22 @@ def test_single_device_graphs_are_upstream_s(run_python):
         print(EMPTY_CONV.is_applied())
     """)
     assert proc.stdout.split() == ["applied", "True", "False", "(3,", "6,", "6,", "4)", "False"]
+
+
+def _keras_fetches_one_step_outside_a_function() -> bool:
+    from mirrorkit.compat.multistep import _one_step_outside_a_function
+
+    return _one_step_outside_a_function()
+
+
+@pytest.mark.skipif(not _keras_fetches_one_step_outside_a_function(),
+                    reason="Keras before 3.16 fetches each step's batch inside its function")
+def test_keras_316s_one_step_path_logs_a_nan_loss_for_an_empty_replica_without_multi_step(
+        plain, tmp_path):
+    # The multi-step fix's control on Keras 3.16: steps_per_execution=1 there fetches the
+    # batch in Python, and an empty replica's share makes evaluate's loss NaN.
+    reference, _ = plain
+    (broken,) = _results(RUN, tmp_path / "no-multi-step",
+                         MIRRORKIT_COMPAT_DISABLE="multi-step").values()
+    assert np.isnan(broken["evaluate/one_image"]["loss"]), broken["evaluate/one_image"]
+    assert not np.isnan(reference["evaluate/one_image"]["loss"])
