@@ -73,7 +73,8 @@ def describe(result: dict[str, Any], *, check: bool = False) -> str:
     """
     keras, fixed = result["keras"], result["fixed"]
     if keras is None:
-        return "probe: cannot tell here (needs 2+ local replicas, or the bug shows only across workers)"
+        return ("probe: cannot tell here (needs 2+ local replicas, or the bug shows only "
+                "across workers)")
     bug = "bug shown with Keras alone" if keras else "no bug with Keras alone"
     if fixed is None:
         return f"probe: {bug}"
