@@ -65,12 +65,9 @@ def _one_step_outside_a_function() -> bool:
     Fetching inside the traced function, as Keras 3.15 does, gives one
     device's numbers: so mirrorkit does that there.
     """
-    from packaging.version import Version
+    from mirrorkit.patching import targets
 
-    from mirrorkit.patching.versions import installed_version
-
-    version = installed_version("keras")
-    return version is not None and Version(version) >= Version("3.16.0.dev0")
+    return targets.applies("keras>=3.16.0.dev0")
 
 
 def _one_step(model: Any, step_function: Callable[..., Any], strategy: Any) -> Any:

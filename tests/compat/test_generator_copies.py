@@ -163,8 +163,6 @@ def test_two_local_replicas_train_like_plain_python_and_leave_the_data_alone():
 
 def _upstream_copies() -> bool:
     """True on the TensorFlow whose generator datasets no longer alias the user's arrays."""
-    from packaging.version import Version
+    from mirrorkit.patching import targets
 
-    from mirrorkit.patching.versions import installed_version
-
-    return Version(installed_version("tensorflow")) >= Version("2.23.0.dev20261026")
+    return targets.applies("tensorflow>=2.23.0.dev20261026")
