@@ -37,6 +37,7 @@ from typing import Any, Callable
 from mirrorkit.compat import known_issues
 from mirrorkit.patching import engine, targets
 from mirrorkit.patching.catalogue import PATCHES
+from mirrorkit.patching.spots import SPOTS
 
 
 class FixUnavailable(RuntimeError):
@@ -153,9 +154,9 @@ class Fix:
     def _original(self, target: tuple[str, str] | None = None) -> Any:
         """What this fix wraps at ``target``: the value there now.
 
-        That may be another fix's wrapper (two fixes of one function stack in
-        registry order, each calling the one below), never this fix's own:
-        :meth:`apply` returns early when this fix is anywhere in the chain.
+        Never this fix's own wrapper: :meth:`apply` returns early when this
+        fix is anywhere in the chain. A function other fixes change too is a
+        spot (:mod:`mirrorkit.patching.spots`), joined rather than wrapped.
         """
         target = target or self.target
         # Class attributes are read from the class __dict__ so a property
@@ -217,7 +218,8 @@ class Fix:
             current = self._current(self.target)
         except FixUnavailable:
             return False
-        return any(engine.patched_by(layer) == self.name for layer in engine.chain(current))
+        return any(engine.patched_by(layer) == self.name or self.name in engine.layers(layer)
+                   for layer in engine.chain(current))
 
     def apply(self) -> None:
         """Patch the target (idempotent).
@@ -230,6 +232,11 @@ class Fix:
         self._original()  # the main target must exist
         try:
             for target, make in self._targets():
+                if target in SPOTS:
+                    # Changed by other fixes too: one wrapper, layers in the spot's order.
+                    engine.join(self.name, self._owner(target), target[1], make, SPOTS[target],
+                                force=True)
+                    continue
                 original = self._original(target)
                 # The registry has decided (disable=, the environment): force.
                 engine.replace(self.name, self._owner(target), target[1],

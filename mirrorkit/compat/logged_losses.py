@@ -13,7 +13,7 @@ Keras averages each log over the replicas, which makes a share 1/N of the
 global value too.
 
 The fix records the shares where they are made (a ``keras.losses.Loss``
-call, ``Model.compute_loss``, ``tf.nn.compute_average_loss`` and
+call's reduction, ``Model.compute_loss``, ``tf.nn.compute_average_loss`` and
 ``tf.nn.scale_regularization_loss``) and, in Keras's step, reads a value
 handed to ``keras.metrics.Mean.update_state`` or returned as a log with
 :mod:`mirrorkit.compat.loss_parts`: its share parts and its sums over the
@@ -55,19 +55,11 @@ _ROW_MEANS = frozenset({loss_parts.MEAN})
 _RATIOS = frozenset({loss_parts.RATIO})
 
 
-def make_loss_call(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap ``keras.losses.Loss.__call__`` (``original``): remember a share."""
-
-    def __call__(self: Any, y_true: Any, y_pred: Any, sample_weight: Any = None) -> Any:
-        return shares.remember(original(self, y_true, y_pred, sample_weight=sample_weight))
-
-    return __call__
-
-
 def make_share(original: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap a function whose rank-0 result is a share by construction: remember it.
 
-    ``tf.nn.compute_average_loss`` (without ``global_batch_size`` it divides
+    Keras's ``reduce_weighted_values`` (what every ``keras.losses.Loss`` call
+    returns), ``tf.nn.compute_average_loss`` (without ``global_batch_size`` it divides
     by the replica's rows times N) and ``tf.nn.scale_regularization_loss``
     (divides by N) return what Keras's own loss scaling returns: a share.
 

@@ -14,8 +14,9 @@ naming the fix and ``MIRRORKIT_COMPAT_DISABLE``: a strategy that trains
 with the bug silently is worse than one that is not created. Each fix is
 described once, by its record in :data:`mirrorkit.patching.PATCHES`; the
 mechanics here are built from it (its targets name the ``make`` functions,
-one module each of :mod:`mirrorkit.compat`), in the order its ``after``
-asks for. One
+one module each of :mod:`mirrorkit.compat`). A function several fixes change
+is wrapped once, their layers in the order :mod:`mirrorkit.patching.spots`
+writes, so the order fixes are applied in decides nothing. One
 more is a process setting (:mod:`~mirrorkit.compat.allocator`,
 ``malloc-thresholds``): :func:`apply` runs it and it is turned off by name
 like the others, but it is not in :data:`FIXES` nor in :func:`apply`'s result.
@@ -56,32 +57,6 @@ def _resolve(ref: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(f"mirrorkit.compat.{module}"), name)
 
 
-def _in_order(records: list[Patch]) -> list[Patch]:
-    """The records with every fix after those it names in ``after`` (else as listed).
-
-    Raises:
-        ValueError: ``after`` names an unknown fix or makes a cycle (a
-            programming error in the table, caught by its tests).
-    """
-    by_name = {p.name: p for p in records}
-    placed: dict[str, Patch] = {}
-
-    def place(record: Patch, path: tuple[str, ...]) -> None:
-        if record.name in placed:
-            return
-        if record.name in path:
-            raise ValueError(f"fix order: a cycle through {' -> '.join(path)}")
-        for below in record.after:
-            if below not in by_name:
-                raise ValueError(f"fix {record.name!r}: after names no fix. Received: {below!r}")
-            place(by_name[below], path + (record.name,))
-        placed[record.name] = record
-
-    for record in records:
-        place(record, ())
-    return list(placed.values())
-
-
 def _mechanics(record: Patch) -> Fix:
     first, *rest = record.mechanics()
     return Fix(record.name, record.bug.error if record.bug else "", (first.role, first.attr),
@@ -90,10 +65,10 @@ def _mechanics(record: Patch) -> Fix:
 
 
 # The mechanics of every fix that patches through this package, built from its record
-# in mirrorkit.patching (the one table); in the order `after` asks for: a fix that wraps
-# another's wrapper of the same function comes after it.
-FIXES: dict[str, Fix] = {record.name: _mechanics(record) for record in _in_order(
-    [p for p in PATCHES.values() if p.kind == "fix" and p.mechanics()])}
+# in mirrorkit.patching (the one table). Their order decides nothing: a function several
+# fixes change is one spot (mirrorkit.patching.spots).
+FIXES: dict[str, Fix] = {record.name: _mechanics(record) for record in PATCHES.values()
+                         if record.kind == "fix" and record.mechanics()}
 
 # Per process: each fix's decision (probes run once) and the fixes whose
 # unavailability was already reported.
@@ -206,11 +181,10 @@ def apply(*, disable: Iterable[str] | None = None, strategy: Any = None) -> dict
     if not _keras_is_tensorflow():
         # Other backends never reach the TF trainer; nothing to patch.
         return {name: NOT_NEEDED for name in FIXES}
-    if any(FIXES[name].is_applied() for name in skip if name in FIXES):
-        # A fix may sit under another's wrapper of the same function: take
-        # every fix off, newest first, and put the enabled ones back in order.
-        for fix in reversed(FIXES.values()):
-            fix.revert()
+    for name in skip:
+        if name in FIXES:
+            # A layer of a shared function comes out alone (engine.join).
+            FIXES[name].revert()
     result: dict[str, str] = {}
     for name, fix in FIXES.items():
         if name in skip:
@@ -303,7 +277,6 @@ def revert() -> None:
         >>> from mirrorkit import compat
         >>> compat.revert()                                  # doctest: +SKIP
     """
-    # Newest first: a fix stacked on another's function comes off before it.
     for fix in reversed(FIXES.values()):
         try:
             fix.revert()

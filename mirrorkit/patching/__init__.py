@@ -8,7 +8,8 @@
 * :mod:`~mirrorkit.patching.targets`: each patched owner found by its role.
 * :mod:`~mirrorkit.patching.versions`: installed versions, whichever distribution provides them.
 * :mod:`~mirrorkit.patching.switches`: which are turned off by name.
-* :mod:`~mirrorkit.patching.engine`: apply, undo, one marker.
+* :mod:`~mirrorkit.patching.spots`: the functions several fixes change, and their layers' order.
+* :mod:`~mirrorkit.patching.engine`: apply, undo, one marker; a spot wrapped once (``join``).
 * :mod:`~mirrorkit.patching.status`: each patch's status for ``mirrorkit info``.
 
 Example:

@@ -12,6 +12,10 @@ by name (:mod:`mirrorkit.patching.switches`) is not installed: the caller gets
   script-lifetime adaptations), undone on exit.
 * :func:`on_object`: an attribute of one object mirrorkit manages (nothing to
   undo: the object is mirrorkit's).
+* :func:`join`: one function several patches change (a *spot*,
+  :mod:`~mirrorkit.patching.spots`): wrapped once, each patch adding a layer,
+  the layers composed in the spot's written order whatever order the patches
+  come in.
 
 Example:
     >>> import types
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import sys
 import types
@@ -40,6 +45,9 @@ logger = logging.getLogger(__name__)
 
 MARKER = "__mirrorkit_patch__"
 ORIGINAL = "__mirrorkit_original__"
+# On a spot's one wrapper (join): patch name -> its layer's factory, in force.
+LAYERS = "__mirrorkit_layers__"
+SHARED = "shared"
 _MISSING = object()
 
 
@@ -49,6 +57,7 @@ class _Change:
     attr: str
     previous: Any  # _MISSING: the attribute was inherited, not the owner's own
     value: Any
+    joined: bool = False  # a layer of a spot's shared wrapper (join)
 
 
 # name -> the replacements in force, in the order they were made.
@@ -157,7 +166,12 @@ def add_finder(name: str, finder: Any) -> bool:
     return replace(name, sys, "meta_path", lambda finders: [finder, *finders]) is not None
 
 
-def _restore(change: _Change) -> bool:
+def _restore(change: _Change, name: str = "") -> bool:
+    if change.joined:
+        layers = getattr(change.value, LAYERS)
+        layers.pop(name, None)
+        if layers:
+            return True  # the spot's wrapper stays for the other patches' layers
     if _own(change.owner, change.attr) is not change.value:
         return False  # replaced again on top of ours: leave the newer value alone
     if change.previous is _MISSING:
@@ -175,7 +189,95 @@ def undo(name: str) -> int:
         0
     """
     changes = _LIVE.pop(name, [])
-    return sum(_restore(c) for c in reversed(changes))
+    return sum(_restore(c, name) for c in reversed(changes))
+
+
+def _shared(base: Any, order: tuple[str, ...]) -> Callable[..., Any]:
+    """One wrapper over ``base`` that runs the layers in force, innermost first in ``order``."""
+    layers: dict[str, Callable[[Any], Any]] = {}
+    built: dict[tuple[str, ...], Callable[..., Any]] = {}
+
+    def composed() -> Callable[..., Any]:
+        key = tuple(name for name in order if name in layers)
+        fn = built.get(key)
+        if fn is None:
+            fn, used = base, []
+            for name in key:
+                # Two patches may need the same layer (the step's row count): once.
+                if layers[name] not in used:
+                    used.append(layers[name])
+                    fn = functools.update_wrapper(layers[name](fn), base)
+            built[key] = fn
+        return fn
+
+    def shared(*args: Any, **kwargs: Any) -> Any:
+        return composed()(*args, **kwargs)
+
+    functools.update_wrapper(shared, base)
+    setattr(shared, LAYERS, layers)
+    setattr(shared, "__mirrorkit_order__", order)
+    setattr(shared, MARKER, SHARED)
+    setattr(shared, ORIGINAL, base)
+    return shared
+
+
+def join(name: str, owner: Any, attr: str, make: Callable[[Any], Any],
+         order: tuple[str, ...], *, force: bool = False) -> Any:
+    """Add patch ``name``'s layer ``make`` to the one wrapper of ``owner.attr`` (a spot).
+
+    Several patches that change one function each give a layer (``make``
+    builds it from the function below, as for :func:`replace`); the function
+    is wrapped once, and each call runs the layers in force composed in
+    ``order`` (innermost first), so which patch came first never decides what
+    the function does. Undoing a patch takes its layer out; the last one out
+    puts the function back.
+
+    Returns:
+        The spot's wrapper, or None when the patch is turned off.
+
+    Raises:
+        ValueError: ``name`` is not in ``order`` (the spot's table must name
+            every patch that changes it).
+
+    Example:
+        >>> import types
+        >>> ns = types.SimpleNamespace(f=lambda: "keras")
+        >>> order = ("speed-up-fit", "get-file-lock")
+        >>> _ = join("get-file-lock", ns, "f", lambda f: lambda: f() + " +lock", order)
+        >>> _ = join("speed-up-fit", ns, "f", lambda f: lambda: f() + " +fast", order)
+        >>> ns.f(), layers(ns.f)
+        ('keras +fast +lock', ('speed-up-fit', 'get-file-lock'))
+        >>> undo("speed-up-fit"), ns.f(), undo("get-file-lock"), ns.f()
+        (1, 'keras +lock', 1, 'keras')
+    """
+    if not force and not enabled(name):
+        return None
+    _known(name)
+    if name not in order:
+        raise ValueError(f"patch {name!r} changes {attr!r}, a function other patches change "
+                         f"too, but the spot's order does not name it. Order: {order}")
+    own = _own(owner, attr)
+    current = getattr(owner, attr) if own is _MISSING else own
+    shared = current if getattr(current, LAYERS, None) is not None else None
+    if shared is None:
+        shared = _shared(current, order)
+        shared.__mirrorkit_previous__ = own
+        setattr(owner, attr, shared)
+    getattr(shared, LAYERS)[name] = make
+    _LIVE.setdefault(name, []).append(
+        _Change(owner, attr, shared.__mirrorkit_previous__, shared, joined=True))
+    return shared
+
+
+def layers(value: Any) -> tuple[str, ...]:
+    """The patches whose layers a spot's wrapper runs now, innermost first (else ``()``).
+
+    Example:
+        >>> layers(len)
+        ()
+    """
+    found = getattr(value, LAYERS, None) or {}
+    return tuple(name for name in getattr(value, "__mirrorkit_order__", ()) if name in found)
 
 
 @contextlib.contextmanager

@@ -2,10 +2,10 @@
 
 Records as in :mod:`mirrorkit.patching.fixes` (one each, the whole truth:
 targets by role, the bug, its report or reproduction, probe, control test).
-These fixes wrap the same few Keras functions (the loss module's scaling,
-``GradientTape.gradient``, ``Mean.update_state``) and stack on each other:
-``after`` says on top of which, and :mod:`mirrorkit.compat.registry` orders
-them by it.
+These fixes change the same few Keras functions (the loss module's scaling
+and reductions, ``GradientTape.gradient``): each such function is wrapped
+once, the fixes' layers in the order :mod:`mirrorkit.patching.spots` writes,
+following the model of :mod:`mirrorkit.compat.replica_loss`.
 
 Example:
     >>> [p.name for p in LOSS_FIX_RECORDS][:2]
@@ -58,7 +58,6 @@ LOSS_FIX_RECORDS: tuple[Patch, ...] = (
                  "DistributedVariable.handle is not available outside the replica context",
                  upstream=("tensorflow/tensorflow#36392",)),
          probe="probes_training:step_outside_run",
-         after=("uneven-batch-losses",),
          control="tests/compat/test_training_loops.py"),
     _fix("layer-losses",
          targets=(T("loss-module", "reduce_values", "layer_losses:make"),),
@@ -96,7 +95,6 @@ LOSS_FIX_RECORDS: tuple[Patch, ...] = (
                  "a masked loss averages per replica, not over the batch",
                  repro="upstream_repros/masked_loss_means.py"),
          probe="probes_losses:masked_mean",
-         after=("scalar-losses",),
          control="tests/compat/test_masked_means.py", tested=TESTED_LATEST),
     _fix("overridden-loss-call",
          targets=(T("keras.src.trainers.compile_utils.CompileLoss", "build",
@@ -115,7 +113,6 @@ LOSS_FIX_RECORDS: tuple[Patch, ...] = (
                  "a Loss overriding __call__ trains at N times",
                  repro="upstream_repros/overridden_loss_call.py"),
          probe="probes_losses:overridden_call",
-         after=("uneven-batch-losses", "cross-replica-step"),
          control="tests/compat/test_scalar_losses.py", tested=TESTED_LATEST),
     _fix("batch-wide-metrics",
          targets=(T("keras.src.trainers.compile_utils.CompileMetrics", "build",
@@ -152,7 +149,6 @@ LOSS_FIX_RECORDS: tuple[Patch, ...] = (
                  "an add_loss summing over the batch trains at 1/N",
                  repro="upstream_repros/batch_sum_losses.py"),
          probe="probes_losses:add_loss_sum",
-         after=("layer-losses",),
          control="tests/compat/test_batch_sums.py", tested=TESTED_LATEST),
     _fix("paired-step-losses",
          targets=(T("gradient-tape", "gradient", "paired_losses:make"),),
@@ -179,11 +175,10 @@ LOSS_FIX_RECORDS: tuple[Patch, ...] = (
          bug=Bug("keras", "3.0", None, TESTED_KERAS, "a loss in a custom test_step reports 1/N",
                  repro="upstream_repros/no_gradient_losses.py"),
          probe="probes_losses2:loss_without_gradient",
-         after=("uneven-batch-losses", "cross-replica-step", "overridden-loss-call"),
          control="tests/compat/test_step_losses.py"),
     _fix("logged-step-losses",
          targets=(T("mean-metric", "update_state", "logged_losses:make_update_state"),
-                  T("loss", "__call__", "logged_losses:make_loss_call"),
+                  T("loss-module", "reduce_weighted_values", "logged_losses:make_share"),
                   T("base-trainer", "compute_loss", "logged_losses:make_compute_loss"),
                   T("backend-trainer", "_make_function", "logged_losses:make_make_function"),
                   T("loss-module", "unscale_loss_for_distribution", "logged_losses:make_unscale"),
@@ -202,7 +197,6 @@ LOSS_FIX_RECORDS: tuple[Patch, ...] = (
                  upstream=("keras-team/keras#15509",),
                  repro="upstream_repros/logged_step_losses.py"),
          probe="probes_losses2:logged_step_loss",
-         after=("multi-step", "uneven-batch-losses", "cross-replica-step", "no-gradient-losses"),
          control="tests/compat/test_step_losses.py"),
     _fix("hand-mean-gradients",
          targets=(T("gradient-tape", "gradient", "mean_gradients:make_gradient"),),
@@ -218,6 +212,5 @@ LOSS_FIX_RECORDS: tuple[Patch, ...] = (
                  "a loss averaged by hand in a custom step trains at N times",
                  repro="upstream_repros/hand_mean_gradients.py"),
          probe="probes_losses2:hand_mean",
-         after=("paired-step-losses", "logged-step-losses"),
          control="tests/compat/test_step_losses.py", tested=TESTED_LATEST),
 )

@@ -132,8 +132,6 @@ class Patch:
         bug: for a fix, the upstream bug (versions, report, reproduction).
         probe: for a fix, ``"module:function"`` in :mod:`mirrorkit.compat` that
             shows on a strategy whether the bug is there (True/False/None).
-        after: fixes whose wrappers of the same functions this one goes on
-            top of (applied before it, reverted after it).
 
     A fix's ``targets`` are :class:`Target` records (found by role, patched
     by :mod:`mirrorkit.compat`); other patches name theirs as text.
@@ -154,7 +152,6 @@ class Patch:
     control: str
     bug: Bug | None = None
     probe: str | None = None
-    after: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Programming errors in the catalogue itself, caught by its own tests.
@@ -213,7 +210,7 @@ class Patch:
 
 def fix_record(name: str, *, targets: tuple[str | Target, ...], changes: str, reason: str,
                control: str, bug: Bug | None = None, probe: str | None = None,
-               after: tuple[str, ...] = (), scope: str = "process",
+               scope: str = "process",
                tested: str = TESTED) -> Patch:
     """One upstream fix's record (kind ``"fix"``), keyword by keyword.
 
@@ -223,4 +220,4 @@ def fix_record(name: str, *, targets: tuple[str | Target, ...], changes: str, re
         'fix'
     """
     return Patch(name, targets, changes, reason, scope=scope, kind="fix", tested=tested,
-                 control=control, bug=bug, probe=probe, after=after)
+                 control=control, bug=bug, probe=probe)

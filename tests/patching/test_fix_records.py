@@ -2,9 +2,10 @@
 
 The registry's mechanics, the known-issues list and ``mirrorkit info``'s lines
 come from :data:`mirrorkit.patching.PATCHES`; a second description of a fix
-anywhere would have to agree with it, so there must be none. Fixes that wrap
-the same function say in which order (``after``), so no dict's order decides
-what a replica's gradient is.
+anywhere would have to agree with it, so there must be none. A function several
+fixes change is one spot with its layers' order written
+(:mod:`mirrorkit.patching.spots`), so no dict's order decides what a replica's
+gradient is.
 """
 
 from __future__ import annotations
@@ -15,57 +16,76 @@ import re
 import pytest
 from conftest import REPO
 
-from mirrorkit.compat import FIXES, registry
+from mirrorkit.compat import FIXES
 from mirrorkit.compat.known_issues import KNOWN_ISSUES
-from mirrorkit.patching import PATCHES
+from mirrorkit.patching import PATCHES, engine
+from mirrorkit.patching.spots import SPOTS
 from mirrorkit.patching.record import Bug, Target, fix_record
 
 FIX_NAMES = [name for name, p in PATCHES.items() if p.kind == "fix" and p.mechanics()]
 _REF = re.compile(r"^[\w.-]+/[\w.-]+#\d+$")
 
 
-def _below(name: str) -> set[str]:
-    """Every fix ``name`` goes on top of, directly or through another."""
-    seen: set[str] = set()
-    todo = list(PATCHES[name].after)
-    while todo:
-        below = todo.pop()
-        if below not in seen:
-            seen.add(below)
-            todo.extend(PATCHES[below].after)
-    return seen
-
-
 @pytest.mark.fast
-def test_fixes_that_wrap_the_same_function_say_which_goes_on_top():
-    spots: dict[tuple[str, str], list[str]] = {}
+def test_a_function_several_fixes_change_is_one_spot_with_its_order_written():
+    changed_by: dict[tuple[str, str], set[str]] = {}
     for name in FIX_NAMES:
         for target in PATCHES[name].mechanics():
-            spots.setdefault((target.role, target.attr), []).append(name)
-    order = list(FIXES)
-    for spot, names in spots.items():
-        for i, first in enumerate(names):
-            for second in names[i + 1:]:
-                assert first in _below(second) or second in _below(first), (
-                    f"{first} and {second} both wrap {spot}: one must name the other in "
-                    "`after`, or which wrapper is outermost depends on where a record sits")
-                lower, upper = (first, second) if first in _below(second) else (second, first)
-                assert order.index(lower) < order.index(upper)
+            changed_by.setdefault((target.role, target.attr), set()).add(name)
+    shared = {spot: names for spot, names in changed_by.items() if len(names) > 1}
+    # Every shared function is in the table with exactly the fixes that change it:
+    # else which wrapper is outermost would depend on which fix came first.
+    assert {spot: set(order) for spot, order in SPOTS.items()} == shared
 
 
 @pytest.mark.fast
-def test_the_registry_orders_by_after_and_refuses_unknown_names_and_cycles():
-    def record(name, after=()):
-        return fix_record(name, targets=(Target("loss", "__call__", "x:y"),), changes="c",
-                          reason="r", control="c", after=after)
+def test_a_spots_layers_run_in_its_order_whatever_order_the_fixes_come_in():
+    import types
 
-    ordered = registry._in_order([record("top", ("middle",)), record("middle", ("base",)),
-                                  record("base"), record("alone")])
-    assert [r.name for r in ordered] == ["base", "middle", "top", "alone"]
-    with pytest.raises(ValueError, match="after names no fix"):
-        registry._in_order([record("a", ("nope",))])
-    with pytest.raises(ValueError, match="cycle"):
-        registry._in_order([record("a", ("b",)), record("b", ("a",))])
+    order = ("uneven-batch-losses", "cross-replica-step", "no-gradient-losses")
+
+    def layer(tag):
+        return lambda below: lambda: below() + [tag]
+
+    for arrival in (order, tuple(reversed(order)), (order[1], order[0], order[2])):
+        ns = types.SimpleNamespace(f=lambda: ["keras"])
+        try:
+            for name in arrival:
+                engine.join(name, ns, "f", layer(name), order, force=True)
+            assert ns.f() == ["keras", *order]
+            assert engine.layers(ns.f) == order
+            # One fix turned off: its layer out, the others' order kept.
+            engine.undo("cross-replica-step")
+            assert ns.f() == ["keras", "uneven-batch-losses", "no-gradient-losses"]
+        finally:
+            for name in order:
+                engine.undo(name)
+        assert ns.f() == ["keras"] and not engine.layers(ns.f)
+    with pytest.raises(ValueError, match="does not name it"):
+        engine.join("multi-step", types.SimpleNamespace(f=abs), "f", layer("x"), order)
+
+
+@pytest.mark.fast
+def test_two_fixes_needing_the_same_layer_run_it_once():
+    import types
+
+    calls = []
+    ns = types.SimpleNamespace(f=lambda: "keras")
+
+    def counting(below):
+        def f():
+            calls.append(1)
+            return below()
+        return f
+
+    order = ("uneven-batch-losses", "replica-random")
+    try:
+        for name in order:
+            engine.join(name, ns, "f", counting, order, force=True)
+        assert ns.f() == "keras" and len(calls) == 1
+    finally:
+        for name in order:
+            engine.undo(name)
 
 
 @pytest.mark.fast
