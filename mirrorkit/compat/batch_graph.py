@@ -20,53 +20,44 @@ Example:
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
-from mirrorkit.compat import step_rows
-
-# Per graph, the names of the values of Keras Losses reduced to a mean (sum
-# over batch size, mean): the divisor may be a static shape's product, which
-# the graph does not show as the batch size.
-_KERAS_MEANS: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
-
-
-# Per graph, the names of tensors holding every replica's rows (a batch
-# gathered through merge_call shows only a concatenation of the replicas' own).
-_GLOBAL: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
-
+from mirrorkit.compat import replica_loss, step_rows
 
 def mark_global(tensor: Any) -> None:
     """Record ``tensor`` (a graph tensor) as the global batch: every replica's rows, not this one's.
 
+    A batch gathered through ``merge_call`` shows in the graph only as a
+    concatenation of the replicas' own rows.
+
     Example:
         >>> mark_global(gathered)                            # doctest: +SKIP
     """
-    _GLOBAL.setdefault(tensor.graph, set()).add(tensor.name)
-
-
-# Per graph, the names of per-example values made by an op the reader cannot
-# follow (Keras's ctc_loss is a While loop on TensorFlow): row i of the value
-# is example i's.
-_PER_ROW: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
+    replica_loss.note(tensor, replica_loss.GLOBAL)
 
 
 def mark_rows(tensor: Any) -> None:
     """Record ``tensor`` (a graph tensor) as per-example: its row i depends on example i alone.
 
+    For a value made by an op the reader cannot follow (Keras's ``ctc_loss``
+    is a While loop on TensorFlow).
+
     Example:
         >>> mark_rows(ctc_losses)                            # doctest: +SKIP
     """
-    _PER_ROW.setdefault(tensor.graph, set()).add(tensor.name)
+    replica_loss.note(tensor, replica_loss.PER_ROW)
 
 
 def mark_mean(loss: Any) -> None:
     """Record ``loss`` (a graph tensor) as a Keras Loss's mean: it does not scale with the rows.
 
+    Its divisor may be a static shape's product, which the graph does not
+    show as the batch size.
+
     Example:
         >>> mark_mean(loss)                                  # doctest: +SKIP
     """
-    _KERAS_MEANS.setdefault(loss.graph, set()).add(loss.name)
+    replica_loss.note(loss, replica_loss.KERAS_MEAN)
 
 
 # A tensor's state: independent of the batch, per-row (still carrying the
@@ -144,8 +135,8 @@ class Reader:
         return self.states[tensor.ref()]
 
     def _inputs(self, tensor: Any) -> list[Any]:
-        if _eager(tensor) or (self.means and _keras_mean(tensor)) or _marked(_GLOBAL, tensor) \
-                or _marked(_PER_ROW, tensor):
+        if _eager(tensor) or (self.means and _keras_mean(tensor)) or _marked(replica_loss.GLOBAL, tensor) \
+                or _marked(replica_loss.PER_ROW, tensor):
             return []
         op = tensor.op
         if op.type == "Placeholder":
@@ -166,12 +157,12 @@ class Reader:
     def _rule(self, tensor: Any, states: list[Any]) -> Any:
         import tensorflow as tf
 
-        if _eager(tensor) or _marked(_GLOBAL, tensor):
+        if _eager(tensor) or _marked(replica_loss.GLOBAL, tensor):
             # A value captured from outside the step, or every replica's rows.
             return INDEP
         if self.means and _keras_mean(tensor):
             return 0
-        if _marked(_PER_ROW, tensor):
+        if _marked(replica_loss.PER_ROW, tensor):
             return ROWS
         op, kind = tensor.op, tensor.op.type
         if kind in _SOURCES:
@@ -301,11 +292,11 @@ def _sized(tensor: Any, states: list[Any], state: Any) -> Any:
 
 
 def _keras_mean(tensor: Any) -> bool:
-    return _marked(_KERAS_MEANS, tensor)
+    return _marked(replica_loss.KERAS_MEAN, tensor)
 
 
-def _marked(table: Any, tensor: Any) -> bool:
-    return not _eager(tensor) and tensor.name in table.get(tensor.graph, ())
+def _marked(kind: str, tensor: Any) -> bool:
+    return not _eager(tensor) and bool(replica_loss.fact(tensor, kind))
 
 
 def _batch_multiple(value: float, batch: int) -> bool:

@@ -8,7 +8,8 @@ share where it is made (the rank-0 result of a ``keras.losses.Loss`` call,
 of ``Model.compute_loss``, of ``tf.nn.compute_average_loss``, in a replica
 context of N > 1 replicas while a gradient tape records), and the values
 Keras's own step multiplies back (``unscale_loss_for_distribution``), which
-are whole. The fixes that read a step's losses ask here.
+are whole. The fixes that read a step's losses ask here; the facts are kept
+in the loss model's ledger (:mod:`mirrorkit.compat.replica_loss`).
 
 Example:
     >>> share_of(1.0), marked(2.0, "whole")
@@ -17,16 +18,12 @@ Example:
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
+from mirrorkit.compat import replica_loss
 from mirrorkit.compat.no_gradient_losses import gradient_possible
 
-# id(tensor) -> (weak reference to it, replicas it is a share of).
-_SHARES: dict[int, tuple[weakref.ref, int]] = {}
-# Per kind, id(tensor) -> weak reference: values Keras unscaled (whole, not
-# shares), and the losses Keras's own train_step differentiates (:func:`mark`).
-_MARKS: dict[str, dict[int, weakref.ref]] = {"whole": {}, "step": {}}
+_KINDS = {"whole": replica_loss.WHOLE, "step": replica_loss.STEP}
 
 
 def _replicas_if_share() -> int:
@@ -39,15 +36,6 @@ def _replicas_if_share() -> int:
     return n if n > 1 and gradient_possible() else 0
 
 
-def _weak(table: dict, value: Any, entry: Any) -> None:
-    try:
-        key = id(value)
-        ref = weakref.ref(value, lambda _r, k=key: table.pop(k, None))
-    except TypeError:
-        return  # a value that takes no weak reference (a Python float): not a tensor
-    table[key] = (ref, entry) if entry is not None else ref
-
-
 def remember(value: Any) -> Any:
     """Record ``value`` as a share when it is one here (a rank-0 loss in a replica's step).
 
@@ -57,7 +45,7 @@ def remember(value: Any) -> Any:
     """
     n = _replicas_if_share()
     if n and tuple(getattr(value, "shape", (None,)) or ()) == () and not marked(value, "whole"):
-        _weak(_SHARES, value, n)
+        replica_loss.note(value, replica_loss.SHARE, n)
     return value
 
 
@@ -73,7 +61,7 @@ def mark(value: Any, kind: str) -> Any:
         2.0
     """
     if _replicas_if_share():
-        _weak(_MARKS[kind], value, None)
+        replica_loss.note(value, _KINDS[kind])
     return value
 
 
@@ -84,8 +72,7 @@ def marked(value: Any, kind: str) -> bool:
         >>> marked(1.0, "step")
         False
     """
-    found = _MARKS[kind].get(id(value))
-    return found is not None and found() is value
+    return bool(replica_loss.fact(value, _KINDS[kind]))
 
 
 def share_of(value: Any) -> int:
@@ -95,5 +82,4 @@ def share_of(value: Any) -> int:
         >>> share_of(1.0)
         0
     """
-    found = _SHARES.get(id(value))
-    return found[1] if found is not None and found[0]() is value else 0
+    return replica_loss.fact(value, replica_loss.SHARE) or 0
