@@ -325,5 +325,8 @@ FIX_RECORDS: tuple[Patch, ...] = (
          reason="get_attr_skipset reads one cache key and stores another, so every save and "
                 "load builds a throw-away Optimizer; under MultiWorkerMirroredStrategy that is "
                 "a collective, and a chief-only restore desynchronises the workers.",
+         bug=Bug("keras", "3.0", None, TESTED_KERAS,
+                 "every model.save builds a throw-away Optimizer",
+                 repro="upstream_repros/saving_skipset_cache.py"),
          control="tests/training/test_backup_paths.py", scope="multi-worker process"),
 )
