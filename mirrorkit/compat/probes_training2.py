@@ -197,25 +197,33 @@ def _variables_in_step(strategy: Any, n: int) -> bool:
     import tensorflow as tf
 
     with strategy.scope():
-        kernel = keras.Variable(tf.zeros((2, 1)))
+        # Neither is built: the layer's kernel and the optimizer's variables are
+        # made by their first use, inside the trace. Both halves of the bug are
+        # needed here: Keras 3.16 makes an optimizer's variables under
+        # tf.init_scope (keras-team/keras#23087), so a step whose only new
+        # variables are optimizer slots trains there, while a layer's weights
+        # first made in the step still fail (with an optimizer applying them).
+        layer = keras.layers.Dense(1, kernel_initializer="zeros")
         optimizer = keras.optimizers.SGD(0.1, momentum=0.5)
-    batch = strategy.experimental_distribute_values_from_function(lambda _: tf.ones((2, 1)))
+    batch = strategy.experimental_distribute_values_from_function(lambda _: tf.ones((2, 2)))
 
-    def apply(gradient: Any) -> None:
-        optimizer.apply_gradients([(gradient, kernel)])
+    def train(x: Any) -> None:
+        with tf.GradientTape() as tape:
+            loss = keras.ops.mean(layer(x))
+        optimizer.apply(tape.gradient(loss, layer.trainable_variables),
+                        layer.trainable_variables)
 
     @tf.function
-    def step(gradient: Any) -> None:
-        # The momentum slot is made by the first apply, inside the trace; the cond
-        # upstream then wraps the step in leaves the replicas' inputs unfed.
-        strategy.run(apply, args=(gradient,))
+    def step(x: Any) -> None:
+        # The cond upstream then wraps the step in leaves the replicas' inputs unfed.
+        strategy.run(train, args=(x,))
 
     step(batch)
     return False
 
 
 def variables_made_in_a_step(strategy: Any) -> bool | None:
-    """``step-variables`` (keras#19308): does a layer first built in a traced step fail?
+    """``step-variables`` (keras#19308): does a step that first builds a layer and optimizer fail?
 
     Example:
         >>> variables_made_in_a_step(None) is None
