@@ -35,6 +35,15 @@ the variable and the others find the layer or optimizer built, as they do
 without the fix. Variables created eagerly, in a one-replica strategy or
 from a tensor value run Keras's code unchanged.
 
+Keras 3.16 (from its nightlies, :data:`OPTIMIZER_VARIABLES_LIFTED`) fixed the
+optimizer half upstream: its TensorFlow optimizer makes its variables under
+``tf.init_scope`` (keras-team/keras#23087, for keras-team/keras#23085), so a
+step whose layers are built before it (TensorFlow's custom-loop tutorial,
+keras.io's GAN with ``Input`` layers) trains there without this fix. A
+layer's weights first made in the step still fail, with an optimizer applying
+them (``upstream_repros/step_variables_layer_weights.py``): the fix stays
+needed there, and its probe builds both.
+
 :mod:`mirrorkit.compat.registry` registers it as the ``step-variables`` fix.
 """
 
@@ -46,6 +55,11 @@ from typing import Any, Callable
 
 logger = logging.getLogger(__name__)
 _warned: set[str] = set()
+
+#: The Keras versions whose optimizers make their own variables outside a traced step
+#: (keras-team/keras#23087): measured absent from 3.15.1, present in 3.16.0.dev2026102704.
+#: There only a layer first built in the step shows the bug; the tests' controls ask it.
+OPTIMIZER_VARIABLES_LIFTED = "keras>=3.16.0.dev0"
 
 
 def _traced_multi_replica() -> Any:
