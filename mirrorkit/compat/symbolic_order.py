@@ -19,6 +19,13 @@ models keep Keras's peek, or epoch 1 would see another order than plain's
 accuracy 0.3060 against plain's 0.3687 with the peek removed, 1.4e-7 apart
 with it kept).
 
+Keras 3.16 (from its nightlies, :data:`PYDATASET_OWN_SHUFFLE`) narrowed the bug:
+a ``PyDataset`` shuffles its batches with a generator of its own seeded by
+the epoch (``random.Random(epoch)``), so the peek draws nothing from Python's
+``random`` and sees epoch 1's order. A reshuffled ``tf.data`` pipeline, and a
+generator that shuffles with Python's or NumPy's ``random``
+(``upstream_repros/symbolic_build_order.py``), still move there.
+
 The build needs shapes and dtypes only. The fix builds from the input
 pipeline's ``element_spec`` when it gives every dimension but the batch (no
 iterator, no randomness drawn). Otherwise (a distributed dataset, unknown
@@ -36,6 +43,10 @@ import random
 import weakref
 from typing import Any, Callable
 
+
+#: Keras versions whose PyDataset shuffles with ``random.Random(epoch)``, not Python's
+#: ``random`` (measured: 3.15.1 draws from Python's, 3.16.0.dev2026102704 does not).
+PYDATASET_OWN_SHUFFLE = "keras>=3.16.0.dev0"
 
 # Strategies the script itself asked for, whose models peek as in plain Python. Weak,
 # not by id(): a freed strategy's id can be reused by an unrelated later one.
