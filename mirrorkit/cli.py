@@ -84,8 +84,9 @@ def main(argv: list[str] | None = None) -> Any:
     the help to read, exit status 2, instead of click's usage block. Another
     mistake of the user's is one line and status 1; an exception mirrorkit
     did not expect keeps its traceback, followed by one line saying it is a
-    bug to report (status 1, see ``commands._common.bug_reports``). The
-    umask gains ``o-w``: run folders, models and logs (also the launched
+    bug to report (status 1, see ``commands._common.bug_reports``). Ctrl-C
+    is one line and status 130, as a shell reports a program SIGINT
+    stopped. The umask gains ``o-w``: run folders, models and logs (also the launched
     workers') are never world-writable, otherwise as the user's umask says.
     TensorFlow starts as in a launched worker (:mod:`mirrorkit.launcher.startup`).
 
@@ -109,11 +110,22 @@ def main(argv: list[str] | None = None) -> Any:
     except click.ClickException as err:
         err.show()
         sys.exit(err.exit_code)
-    except (click.Abort, KeyboardInterrupt, EOFError):
+    except (click.Abort, KeyboardInterrupt, EOFError) as err:
+        # click turns Ctrl-C into Abort: the status a shell gives a program SIGINT
+        # stopped (128 + 2), as plain Python's; what was written before it stays.
+        if isinstance(err, KeyboardInterrupt) or isinstance(err.__context__, KeyboardInterrupt):
+            click.echo(f"mirrorkit {_command(argv)}: interrupted (Ctrl-C)", err=True)
+            sys.exit(130)
         click.echo("Aborted!", err=True)
         sys.exit(1)
     # Without standalone mode click returns ctx.exit()'s status instead of exiting.
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _command(argv: list[str] | None) -> str:
+    """The subcommand the user ran (``run``, ``train`` ...), for a one-line message."""
+    args = sys.argv[1:] if argv is None else argv
+    return next((a for a in args if not a.startswith("-")), "").strip() or "(no command)"
 
 
 if __name__ == "__main__":  # `python -m mirrorkit.cli`, used by tests and `mirrorkit run`

@@ -10,6 +10,7 @@ making one of mirrorkit's own library functions raise; a plain ``ValueError``
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import textwrap
@@ -171,6 +172,25 @@ def test_an_internal_error_through_the_real_entry_point(run_dir):
     assert "RuntimeError: the step counter went backwards\n" in proc.stderr
     last = _lines(proc.stderr)[-1]
     assert last.startswith("Error: RuntimeError: the step counter went backwards. " + BUG_LINE)
+
+
+def test_ctrl_c_is_one_line_and_the_status_a_shell_gives_sigint(run_dir):
+    # A real SIGINT in the middle of a command: click turns it into Abort ("Aborted!",
+    # status 1); a user, a shell script and a scheduler expect 130, as from Python.
+    code = textwrap.dedent(f"""
+        import os, signal
+        from mirrorkit.training import run_report
+        def interrupted(run):
+            os.kill(os.getpid(), signal.SIGINT)
+        run_report.summary = interrupted
+        from mirrorkit.cli import main
+        main(["report", {str(run_dir)!r}])
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=clean_env(), timeout=60,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.returncode == 130, proc.stderr
+    assert _lines(proc.stderr) == ["mirrorkit report: interrupted (Ctrl-C)"], proc.stderr
 
 
 def test_a_missing_optional_package_is_one_line_with_the_pip_command(monkeypatch, run_dir):
