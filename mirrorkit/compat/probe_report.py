@@ -35,8 +35,10 @@ def probe_all(strategy: Any) -> dict[str, dict[str, Any]]:
     """Run each fix's probe with every fix off, then with the fixes the environment allows on.
 
     Args:
-        strategy: the strategy to probe on (2+ local replicas; on one replica,
-            or across workers, every answer is None).
+        strategy: the strategy to probe on (2+ local replicas; on one replica
+            every answer is None, and across workers all but the multi-worker
+            bugs' (:mod:`mirrorkit.compat.probes_workers`), which need every
+            worker to call this at once).
 
     Returns:
         Fix name -> ``{"keras": bool | None, "fixed": bool | None, "seconds": float}``:

@@ -299,15 +299,3 @@ def sparse_gradients_squared_apart(strategy: Any) -> bool | None:
     """
     return _decide(strategy, (), _sparse_sums)
 
-
-def across_workers_only(strategy: Any) -> None:
-    """``scalar-logs``, ``static-batch-shapes``: bugs of multi-worker mode, which one process lacks.
-
-    Keras reduces logs on axis 0 and TensorFlow drops static batch sizes only
-    for a ``MultiWorkerMirroredStrategy`` in multi-worker mode, where a probe
-    would need every worker to run it in step: always undecided.
-
-    Example:
-        >>> across_workers_only(None) is None
-        True
-    """
