@@ -77,9 +77,20 @@ def _decide(strategy: Any, markers: tuple[str, ...], body: Callable[..., bool | 
     n = _local_replicas(strategy)
     if n < 2:
         return None
+    return answer(markers, body, strategy, n, *args)
+
+
+def answer(markers: tuple[str, ...], body: Callable[..., bool | None],
+           *args: Any) -> bool | None:
+    """``body(*args)`` leaving no trace; an error naming one of ``markers`` is True, another None.
+
+    Example:
+        >>> answer(("Invalid reduction",), lambda: 1 / 0) is None    # logged, undecided
+        True
+    """
     try:
         with _leaves_no_trace():
-            return body(strategy, n, *args)
+            return body(*args)
     except Exception as err:  # noqa: BLE001 -- a probe reports, it never raises
         text = str(err)
         if any(m in text for m in markers):

@@ -39,7 +39,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from mirrorkit.compat.probes_training2 import _leaves_no_trace
+from mirrorkit.compat.probes_training2 import answer
 from mirrorkit.strategy_facts import in_multi_worker_mode, replicas
 
 logger = logging.getLogger(__name__)
@@ -50,17 +50,7 @@ def _across_workers(strategy: Any, markers: tuple[str, ...],
     """Run ``body(strategy)`` in multi-worker mode only; its error is True if known."""
     if strategy is None or not in_multi_worker_mode(strategy):
         return None  # one process takes Keras's and TensorFlow's bug-free branch
-    try:
-        with _leaves_no_trace():
-            return body(strategy)
-    except Exception as err:  # noqa: BLE001 -- a probe reports, it never raises
-        text = str(err)
-        if any(m in text for m in markers):
-            return True
-        logger.info("mirrorkit.compat probe %s: unexpected %s (%s); undecided",
-                    body.__name__.lstrip("_"), type(err).__name__,
-                    text.splitlines()[0] if text else "")
-        return None
+    return answer(markers, body, strategy)
 
 
 def _scalar_logs(strategy: Any) -> bool | None:

@@ -20,8 +20,7 @@ from mirrorkit.compat import FIXES
 PROBES = {name: fix.probe for name, fix in FIXES.items()
           if fix.probe and fix.probe.__module__.startswith("mirrorkit.compat.probes_training")}
 
-# Bugs of multi-worker mode, which one process cannot show.
-ACROSS_WORKERS = {"scalar-logs", "static-batch-shapes"}
+# (The bugs of multi-worker mode are probed across workers: tests/compat/test_probes_workers.py.)
 # Bugs gone upstream from a Keras version on: none yet. step-variables is not gone on
 # the Keras 3.16-dev nightly, only narrower: its optimizers make their variables under
 # tf.init_scope (keras-team/keras#23087), so TensorFlow's custom-loop tutorial trains
@@ -71,7 +70,7 @@ def probed(tmp_path_factory):
 
 
 def test_every_probe_sees_its_bug_in_keras_own_code(probed):
-    expected = {name: None if name in ACROSS_WORKERS else True for name in PROBES}
+    expected = dict.fromkeys(PROBES, True)
     keras = tuple(int(part) for part in probed["keras"].split(".")[:2])
     expected.update({name: False for name, since in GONE_FROM.items() if keras >= since})
     if not conv_mis_shapes_empty_batches():
@@ -83,7 +82,7 @@ def test_every_probe_sees_its_bug_in_keras_own_code(probed):
 
 
 def test_every_probe_sees_the_fixed_code_behave_as_one_device(probed):
-    expected = {name: None if name in ACROSS_WORKERS else False for name in PROBES}
+    expected = dict.fromkeys(PROBES, False)
     assert probed["fixed"] == expected
 
 

@@ -22,6 +22,8 @@ import sys
 import pytest
 from conftest import REPO, clean_env, compare_jobs, run_jobs
 
+from mirrorkit.patching import targets
+
 pytestmark = pytest.mark.slow
 
 SCRIPT = REPO / "tests" / "fixtures" / "scripts" / "step_draws.py"
@@ -32,6 +34,14 @@ def _close(a: dict, b: dict, rel: float) -> bool:
     return len(pairs) == 6 and all(abs(x - y) <= rel * max(1.0, abs(y)) for x, y in pairs)
 
 
+# Keras 3.16 fetches a step's batch outside its function and retraces for the last batch's
+# shape, where a seedless tf.random op starts its stream again; mirrorkit's one-step path
+# fetches inside one trace (for empty replicas, compat/multistep.py) and continues it, as
+# Keras 3.15 does: the last batch's draws differ (loss -0.371 vs -0.397). Strict: the day it
+# matches, this says so.
+@pytest.mark.xfail(targets.applies("keras>=3.16.0.dev0"), strict=True,
+                   reason="Keras 3.16 restarts a seedless tf.random stream on the last batch's "
+                          "retrace; mirrorkit's one-step path continues it as Keras 3.15")
 def test_seedless_and_tensorflow_draws_in_a_step_match_plain_python(tmp_path):
     found = run_jobs(compare_jobs(SCRIPT, random_off={"MIRRORKIT_COMPAT_DISABLE":
                                                       "replica-random"}), tmp_path)
