@@ -24,6 +24,7 @@ from typing import Any
 
 from mirrorkit.compat import replica_loss, step_rows
 
+
 def mark_global(tensor: Any) -> None:
     """Record ``tensor`` (a graph tensor) as the global batch: every replica's rows, not this one's.
 

@@ -35,7 +35,7 @@ import functools
 from typing import Any, Callable
 
 from mirrorkit.compat import known_issues
-from mirrorkit.patching import engine, targets
+from mirrorkit.patching import engine, spots, targets
 from mirrorkit.patching.catalogue import PATCHES
 from mirrorkit.patching.spots import SPOTS
 
@@ -218,7 +218,7 @@ class Fix:
             current = self._current(self.target)
         except FixUnavailable:
             return False
-        return any(engine.patched_by(layer) == self.name or self.name in engine.layers(layer)
+        return any(engine.patched_by(layer) == self.name or self.name in spots.layers(layer)
                    for layer in engine.chain(current))
 
     def apply(self) -> None:

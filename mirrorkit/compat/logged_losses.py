@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from mirrorkit.compat import loss_parts, shares, step_calls, uneven_batches
+from mirrorkit.compat import loss_parts, replica_loss, shares, step_calls
 from mirrorkit.compat.failures import failing_loudly
 from mirrorkit.compat.no_gradient_losses import gradient_possible
 
@@ -128,7 +128,7 @@ def whole(value: Any, *, averaged: bool = True) -> Any:
         out += _ratio_terms(parts, ratios, context, value.dtype, averaged=averaged)
     # Only for a mean of the rows: across workers the rows' count may take a
     # collective in the step, which no other log should cost.
-    uneven = uneven_batches.weight() if means else None
+    uneven = replica_loss.rows_weight() if means else None
     if uneven is not None:
         import tensorflow as tf
 
@@ -148,7 +148,7 @@ def _ratio_terms(parts: Any, ratios: list, context: Any, dtype: Any, *, averaged
     import tensorflow as tf
 
     n = float(context.num_replicas_in_sync)
-    rows = None if averaged else uneven_batches.weight()
+    rows = None if averaged else replica_loss.rows_weight()
     per_row = 1.0 if rows is None else tf.math.divide_no_nan(
         *(tf.cast(w, tf.float32) for w in rows))
     terms = []

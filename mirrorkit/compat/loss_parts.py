@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mirrorkit.compat import batch_graph, shares, step_rows
+from mirrorkit.compat import batch_graph, replica_loss, shares, step_rows
 
 INDEP, MEAN, SUM, SHARE, RATIO, MIXED, OTHER = (
     "indep", "mean", "sum", "share", "ratio", "mixed", "other")
@@ -129,7 +129,7 @@ class Parts:
         import tensorflow as tf
 
         bottom = tf.cast(self.ratio(tensor), tf.float32)
-        total = tf.stop_gradient(context.all_reduce(tf.distribute.ReduceOp.SUM, bottom))
+        total = replica_loss.global_sum(context, bottom)
         return tf.math.divide_no_nan(tf.stop_gradient(bottom), total)
 
     def kind(self, tensor: Any) -> str:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from mirrorkit.compat import replica_loss
 from mirrorkit.compat.layer_losses import inside_layer_call
 
 _AVERAGING = ("sum_over_batch_size", "mean")
@@ -83,7 +84,7 @@ def _share(context: Any, values: Any, sample_weight: Any, mask: Any, kind: str,
         local = ops.stack([ops.cast(ops.size(mask), values.dtype),
                            ops.sum(ops.cast(mask, values.dtype)),
                            ops.cast(ops.size(weighted), values.dtype), rows])
-    every = tf.stop_gradient(context.all_reduce(tf.distribute.ReduceOp.SUM, local))
+    every = replica_loss.global_sum(context, local)
     if kind == _WEIGHT_MEAN:
         share = ops.divide_no_nan(ops.sum(weighted), every[0])
     else:

@@ -57,7 +57,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from mirrorkit.compat import loss_parts, step_calls, uneven_batches
+from mirrorkit.compat import loss_parts, replica_loss, step_calls
 from mirrorkit.compat.failures import failing_loudly
 from mirrorkit.patching import engine
 
@@ -73,7 +73,7 @@ def _weight(context: Any) -> Any:
     import tensorflow as tf
 
     n = context.num_replicas_in_sync
-    found = uneven_batches.weight()
+    found = replica_loss.rows_weight()
     if found is None:
         return tf.constant(1.0 / n)
     rows, total = (tf.cast(w, tf.float32) for w in found)

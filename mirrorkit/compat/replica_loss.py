@@ -46,6 +46,11 @@ a metric pairing the batch  computed per replica's slice               batch-wid
 a loss pairing the batch    computed per replica's slice (reported)    paired-step-losses
 ==========================  =========================================  ===================
 
+The model's two quantities are computed here, once, for every fix:
+:func:`rows_weight` (``n_r * N`` and ``n``: the replica's rows against an
+even split's) and :func:`global_sum` (``W``: a weight or count summed over
+the replicas, with no gradient through it).
+
 Where several of these change one Keras function, it is wrapped once and
 their layers run in the order :mod:`mirrorkit.patching.spots` writes.
 
@@ -67,6 +72,8 @@ from __future__ import annotations
 import threading
 import weakref
 from typing import Any
+
+from mirrorkit.compat import step_rows
 
 # The facts (what the detail is).
 SHARE = "share"              # the replicas N it is a share of (S_r / W)
@@ -138,3 +145,41 @@ def fact(value: Any, kind: str) -> Any:
     if found is None or found[0]() is not value:
         return None
     return found[1].get(kind)
+
+
+def rows_weight() -> tuple[Any, Any] | None:
+    """``(n_r * N, n)`` for this replica's step, or None when their ratio is surely 1.
+
+    The replica's rows times the replica count, and the global batch's rows:
+    their ratio is what turns Keras's ``1/N`` weight of a replica's mean into
+    the model's ``n_r / n``. None outside a replica's step, on one replica,
+    and where the split is even (a static batch size).
+
+    Example:
+        >>> rows_weight() is None        # outside a replica's step
+        True
+    """
+    import tensorflow as tf
+
+    rows = step_rows.current()
+    context = tf.distribute.get_replica_context()
+    if rows is None or context is None or context.num_replicas_in_sync <= 1 \
+            or rows.even or not step_rows.inside(rows.graph):
+        return None
+    _offset, total = step_rows.share(rows, context)
+    return rows.count * context.num_replicas_in_sync, total
+
+
+def global_sum(context: Any, local: Any) -> Any:
+    """``local`` (weights, counts) summed over the replicas, no gradient through it: ``W``.
+
+    One collective per call; stack several quantities into ``local`` to sum
+    them at once.
+
+    Example:
+        >>> context = tf.distribute.get_replica_context()             # doctest: +SKIP
+        >>> rows, valid = global_sum(context, ops.stack([rows, valid]))  # doctest: +SKIP
+    """
+    import tensorflow as tf
+
+    return tf.stop_gradient(context.all_reduce(tf.distribute.ReduceOp.SUM, local))

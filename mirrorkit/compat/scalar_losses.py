@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from mirrorkit.compat import replica_loss
 from mirrorkit.compat.layer_losses import inside_layer_call
 
 # The reductions whose per-example result Keras divides by the replica count.
@@ -54,7 +55,7 @@ def _weighted(values: Any, sample_weight: Any, dtype: Any, loss: Any) -> Any:
     values = ops.convert_to_tensor(values, dtype=dtype)
     weight = ops.cast(ops.convert_to_tensor(sample_weight), values.dtype)
     local = ops.stack([ops.sum(weight), ops.cast(ops.size(weight), values.dtype)])
-    total = tf.stop_gradient(context.all_reduce(tf.distribute.ReduceOp.SUM, local))
+    total = replica_loss.global_sum(context, local)
     return scale_loss_for_distribution(values * ops.divide_no_nan(total[0], total[1]))
 
 

@@ -39,36 +39,16 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from mirrorkit.compat import step_rows
+from mirrorkit.compat import replica_loss
 from mirrorkit.compat.step_rows import make_run
 
-__all__ = ["make_run", "make_scale", "make_unscale", "weight"]
-
-
-def weight() -> tuple[Any, Any] | None:
-    """``(rows * N, global rows)`` for this replica's step, or None when their ratio is surely 1.
-
-    Also used by ``hand-mean-gradients``, which weighs a replica's own mean alike.
-
-    Example:
-        >>> weight() is None        # outside a replica's step
-        True
-    """
-    import tensorflow as tf
-
-    rows = step_rows.current()
-    context = tf.distribute.get_replica_context()
-    if rows is None or context is None or context.num_replicas_in_sync <= 1 \
-            or rows.even or not step_rows.inside(rows.graph):
-        return None
-    _offset, total = step_rows.share(rows, context)
-    return rows.count * context.num_replicas_in_sync, total
+__all__ = ["make_run", "make_scale", "make_unscale"]
 
 
 def _weighed(original: Callable[[Any], Any], *, inverse: bool) -> Callable[[Any], Any]:
     def weigh(value: Any) -> Any:
         out = original(value)
-        found = weight() if out is not value else None
+        found = replica_loss.rows_weight() if out is not value else None
         if found is None:
             return out
         from keras import ops

@@ -31,22 +31,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import logging
 import sys
 import types
 from collections import Counter
 from typing import Any, Callable, Iterable, Iterator
 
-from mirrorkit.patching import switches
+from mirrorkit.patching import spots, switches
 from mirrorkit.patching.catalogue import PATCHES
+from mirrorkit.patching.spots import LAYERS
 
 logger = logging.getLogger(__name__)
 
 MARKER = "__mirrorkit_patch__"
 ORIGINAL = "__mirrorkit_original__"
-# On a spot's one wrapper (join): patch name -> its layer's factory, in force.
-LAYERS = "__mirrorkit_layers__"
+# The marker of a spot's one wrapper (join): its layers say which patches.
 SHARED = "shared"
 _MISSING = object()
 
@@ -192,35 +191,6 @@ def undo(name: str) -> int:
     return sum(_restore(c, name) for c in reversed(changes))
 
 
-def _shared(base: Any, order: tuple[str, ...]) -> Callable[..., Any]:
-    """One wrapper over ``base`` that runs the layers in force, innermost first in ``order``."""
-    layers: dict[str, Callable[[Any], Any]] = {}
-    built: dict[tuple[str, ...], Callable[..., Any]] = {}
-
-    def composed() -> Callable[..., Any]:
-        key = tuple(name for name in order if name in layers)
-        fn = built.get(key)
-        if fn is None:
-            fn, used = base, []
-            for name in key:
-                # Two patches may need the same layer (the step's row count): once.
-                if layers[name] not in used:
-                    used.append(layers[name])
-                    fn = functools.update_wrapper(layers[name](fn), base)
-            built[key] = fn
-        return fn
-
-    def shared(*args: Any, **kwargs: Any) -> Any:
-        return composed()(*args, **kwargs)
-
-    functools.update_wrapper(shared, base)
-    setattr(shared, LAYERS, layers)
-    setattr(shared, "__mirrorkit_order__", order)
-    setattr(shared, MARKER, SHARED)
-    setattr(shared, ORIGINAL, base)
-    return shared
-
-
 def join(name: str, owner: Any, attr: str, make: Callable[[Any], Any],
          order: tuple[str, ...], *, force: bool = False) -> Any:
     """Add patch ``name``'s layer ``make`` to the one wrapper of ``owner.attr`` (a spot).
@@ -245,7 +215,7 @@ def join(name: str, owner: Any, attr: str, make: Callable[[Any], Any],
         >>> order = ("speed-up-fit", "get-file-lock")
         >>> _ = join("get-file-lock", ns, "f", lambda f: lambda: f() + " +lock", order)
         >>> _ = join("speed-up-fit", ns, "f", lambda f: lambda: f() + " +fast", order)
-        >>> ns.f(), layers(ns.f)
+        >>> ns.f(), spots.layers(ns.f)
         ('keras +fast +lock', ('speed-up-fit', 'get-file-lock'))
         >>> undo("speed-up-fit"), ns.f(), undo("get-file-lock"), ns.f()
         (1, 'keras +lock', 1, 'keras')
@@ -260,24 +230,18 @@ def join(name: str, owner: Any, attr: str, make: Callable[[Any], Any],
     current = getattr(owner, attr) if own is _MISSING else own
     shared = current if getattr(current, LAYERS, None) is not None else None
     if shared is None:
-        shared = _shared(current, order)
+        found: dict[str, Callable[[Any], Any]] = {}
+        shared = spots.wrapper(current, order, found)
+        setattr(shared, LAYERS, found)
+        setattr(shared, spots.ORDER, order)
+        setattr(shared, MARKER, SHARED)
+        setattr(shared, ORIGINAL, current)
         shared.__mirrorkit_previous__ = own
         setattr(owner, attr, shared)
     getattr(shared, LAYERS)[name] = make
     _LIVE.setdefault(name, []).append(
         _Change(owner, attr, shared.__mirrorkit_previous__, shared, joined=True))
     return shared
-
-
-def layers(value: Any) -> tuple[str, ...]:
-    """The patches whose layers a spot's wrapper runs now, innermost first (else ``()``).
-
-    Example:
-        >>> layers(len)
-        ()
-    """
-    found = getattr(value, LAYERS, None) or {}
-    return tuple(name for name in getattr(value, "__mirrorkit_order__", ()) if name in found)
 
 
 @contextlib.contextmanager

@@ -20,6 +20,9 @@ Example:
 
 from __future__ import annotations
 
+import functools
+from typing import Any, Callable
+
 SPOTS: dict[tuple[str, str], tuple[str, ...]] = {
     # Build before the first step: the step's own build first, then the peek
     # around it (symbolic-build-order decides whether a batch is drawn at all).
@@ -47,3 +50,54 @@ SPOTS: dict[tuple[str, str], tuple[str, ...]] = {
     # hand-written means are weighed.
     ("gradient-tape", "gradient"): ("paired-step-losses", "hand-mean-gradients"),
 }
+
+# On a spot's one wrapper: patch name -> its layer's factory, for the patches in force.
+LAYERS = "__mirrorkit_layers__"
+ORDER = "__mirrorkit_order__"
+
+
+def wrapper(base: Callable[..., Any], order: tuple[str, ...],
+            found: dict[str, Callable[[Any], Any]]) -> Callable[..., Any]:
+    """One wrapper over ``base`` that runs the layers in ``found``, innermost first in ``order``.
+
+    :func:`mirrorkit.patching.engine.join` and ``undo`` add and take out the
+    layers (patch name -> its factory) and mark the wrapper; each distinct
+    set of layers is composed once, on its first call.
+
+    Example:
+        >>> found = {}
+        >>> f = wrapper(lambda: "keras", ("a", "b"), found)
+        >>> found["b"] = lambda below: lambda: below() + " +b"
+        >>> f()
+        'keras +b'
+    """
+    built: dict[tuple[str, ...], Callable[..., Any]] = {}
+
+    def composed() -> Callable[..., Any]:
+        key = tuple(name for name in order if name in found)
+        fn = built.get(key)
+        if fn is None:
+            fn, used = base, []
+            for name in key:
+                # Two patches may need the same layer (the step's row count): once.
+                if found[name] not in used:
+                    used.append(found[name])
+                    fn = functools.update_wrapper(found[name](fn), base)
+            built[key] = fn
+        return fn
+
+    def shared(*args: Any, **kwargs: Any) -> Any:
+        return composed()(*args, **kwargs)
+
+    return functools.update_wrapper(shared, base)
+
+
+def layers(value: Any) -> tuple[str, ...]:
+    """The patches whose layers a spot's wrapper runs now, innermost first (else ``()``).
+
+    Example:
+        >>> layers(len)
+        ()
+    """
+    found = getattr(value, LAYERS, None) or {}
+    return tuple(name for name in getattr(value, ORDER, ()) if name in found)

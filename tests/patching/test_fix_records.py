@@ -18,9 +18,9 @@ from conftest import REPO
 
 from mirrorkit.compat import FIXES
 from mirrorkit.compat.known_issues import KNOWN_ISSUES
-from mirrorkit.patching import PATCHES, engine
+from mirrorkit.patching import PATCHES, engine, spots
+from mirrorkit.patching.record import Bug
 from mirrorkit.patching.spots import SPOTS
-from mirrorkit.patching.record import Bug, Target, fix_record
 
 FIX_NAMES = [name for name, p in PATCHES.items() if p.kind == "fix" and p.mechanics()]
 _REF = re.compile(r"^[\w.-]+/[\w.-]+#\d+$")
@@ -53,14 +53,14 @@ def test_a_spots_layers_run_in_its_order_whatever_order_the_fixes_come_in():
             for name in arrival:
                 engine.join(name, ns, "f", layer(name), order, force=True)
             assert ns.f() == ["keras", *order]
-            assert engine.layers(ns.f) == order
+            assert spots.layers(ns.f) == order
             # One fix turned off: its layer out, the others' order kept.
             engine.undo("cross-replica-step")
             assert ns.f() == ["keras", "uneven-batch-losses", "no-gradient-losses"]
         finally:
             for name in order:
                 engine.undo(name)
-        assert ns.f() == ["keras"] and not engine.layers(ns.f)
+        assert ns.f() == ["keras"] and not spots.layers(ns.f)
     with pytest.raises(ValueError, match="does not name it"):
         engine.join("multi-step", types.SimpleNamespace(f=abs), "f", layer("x"), order)
 
