@@ -133,7 +133,14 @@ def whole(value: Any, *, averaged: bool = True) -> Any:
         import tensorflow as tf
 
         rows, total = (tf.cast(w, value.dtype) for w in uneven)
-        out += (tf.math.divide_no_nan(rows, total) - 1) * loss_parts.combined(means, value.dtype)
+        factor = tf.math.divide_no_nan(rows, total)
+        out += (factor - 1) * loss_parts.combined(means, value.dtype)
+        if len(means) == 1 and means[0][0] is value and not n_times and not ratios:
+            # A replica with no rows of the batch (its last, smaller than the replicas)
+            # averages nothing: NaN, which would make the epoch's log NaN. One device has
+            # no such rows, so it logs nothing (weight 0): the other replicas' weights
+            # make up the batch's mean.
+            out = tf.where(rows > 0, out, tf.math.multiply_no_nan(value, factor))
     return out
 
 
