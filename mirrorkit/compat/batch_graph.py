@@ -136,8 +136,8 @@ class Reader:
         return self.states[tensor.ref()]
 
     def _inputs(self, tensor: Any) -> list[Any]:
-        if _eager(tensor) or (self.means and _keras_mean(tensor)) or _marked(replica_loss.GLOBAL, tensor) \
-                or _marked(replica_loss.PER_ROW, tensor):
+        if _eager(tensor) or (self.means and _keras_mean(tensor)) \
+                or _marked(replica_loss.GLOBAL, tensor) or _marked(replica_loss.PER_ROW, tensor):
             return []
         op = tensor.op
         if op.type == "Placeholder":
